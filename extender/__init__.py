@@ -1,0 +1,1 @@
+"""Control plane: the kube-scheduler HTTP extender, the lease controller and the orchestrator."""

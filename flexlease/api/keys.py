@@ -1,0 +1,54 @@
+"""Every ``flexlease.io/`` label and annotation key, the CRD coordinates and wire constants.
+
+One module so that a newcomer finds any annotation by its name (DESIGN.md §2).
+"""
+
+from typing import Final
+
+GROUP: Final = "flexlease.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+GPUNODE_KIND: Final = "GPUNode"
+GPUNODE_PLURAL: Final = "gpunodes"
+GPULEASE_KIND: Final = "GPULease"
+GPULEASE_PLURAL: Final = "gpuleases"
+
+PREFIX: Final = f"{GROUP}/"
+
+# Pod labels
+LABEL_PRIORITY: Final = PREFIX + "priority"
+"""``high`` or ``low`` (default ``low``): the paper's HP/LP classes (§3.5)."""
+LABEL_OWNER: Final = PREFIX + "owner"
+"""Job identity ``<ns>/<job>`` for MATCH(Pod, Owner); default: the pod's controller owner."""
+
+# Pod annotations
+ANN_RELIABILITY: Final = PREFIX + "reliability"
+"""Required minimum tier ``HA``/``MA``/``LA`` (default ``LA``)."""
+ANN_GPU_TYPE: Final = PREFIX + "gpu-type"
+"""Optional exact GPU model (NVML device name, e.g. ``NVIDIA H20``)."""
+ANN_RECLAIM: Final = PREFIX + "reclaim"
+"""``"true"`` on pods created to take back lent GPUs (Algorithm 1's IsReclaim)."""
+ANN_CHECKPOINT: Final = PREFIX + "checkpoint"
+"""Checkpoint id, for cache-aware placement (PICKGPUS)."""
+ANN_ASSIGNED_GPUS: Final = PREFIX + "assigned-gpus"
+"""Written by bind: ``<node>:<idx>,<idx>`` — the only record of which GPUs a pod holds."""
+ANN_ASSIGNED_UUIDS: Final = PREFIX + "assigned-uuids"
+"""Written by bind: comma-separated NVML UUIDs, in the order of ``assigned-gpus``."""
+ANN_ASSIGNED_AT: Final = PREFIX + "assigned-at"
+"""Written by bind: RFC 3339 UTC timestamp of the assignment."""
+ANN_HOT_RESTART: Final = PREFIX + "hot-restart"
+"""In-sandbox restart request, JSON ``{"container", "image", "id"}`` (DESIGN §4)."""
+ANN_HOT_RESTART_STATUS: Final = PREFIX + "hot-restart-status"
+"""Outcome of the hot restart with that id, JSON, written by the node agent."""
+ANN_PREEMPT_DEADLINE: Final = PREFIX + "preempt-deadline"
+"""Graceful-reclaim notice on an LP pod: RFC 3339 UTC time after which it is evicted."""
+
+PRIORITY_HIGH: Final = "high"
+PRIORITY_LOW: Final = "low"
+
+DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# k8s.io/kube-scheduler/extender/v1: MaxExtenderPriority / MinExtenderPriority
+MAX_EXTENDER_PRIORITY: Final = 10
+MIN_EXTENDER_PRIORITY: Final = 0

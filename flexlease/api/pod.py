@@ -1,0 +1,227 @@
+"""Reading a Pod (ordinary camelCase Kubernetes JSON) into a frozen :class:`GpuRequest`.
+
+The pod is parsed once per scheduling cycle (kube-scheduler's PreFilter → CycleState
+pattern); filter and prioritize read the result. Pure; no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from flexlease.api import keys
+from flexlease.api.resources import DeviceKey
+from flexlease.api.tiers import Tier
+from flexlease.errors import PodSpecError
+
+_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class Priority(enum.StrEnum):
+    """The paper's HP/LP classes (§3.5), from the ``flexlease.io/priority`` label."""
+
+    HIGH = keys.PRIORITY_HIGH
+    LOW = keys.PRIORITY_LOW
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The GPUs a pod holds: one node and device indices, from ``flexlease.io/assigned-gpus``.
+
+    Wire format ``<node>:<idx>,<idx>`` (node names cannot contain ``:``), e.g. ``gpu-7:0,3``.
+    """
+
+    node: str
+    indices: tuple[int, ...]
+
+    @property
+    def devices(self) -> tuple[DeviceKey, ...]:
+        return tuple(DeviceKey(self.node, i) for i in self.indices)
+
+    def format(self) -> str:
+        return f"{self.node}:{','.join(str(i) for i in self.indices)}"
+
+    @classmethod
+    def parse(cls, value: str) -> Assignment:
+        """Parse ``<node>:<idx>[,<idx>...]``. Raises :class:`PodSpecError` when malformed."""
+        node, sep, rest = value.partition(":")
+        if not sep or not node or not rest:
+            raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: expected '<node>:<idx>,<idx>'")
+        try:
+            indices = tuple(int(part) for part in rest.split(","))
+        except ValueError as exc:
+            raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: indices must be integers") from exc
+        if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
+            raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: indices must be distinct and >= 0")
+        return cls(node, indices)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """What one pod asks of flexlease, parsed once from its JSON.
+
+    ``count`` is the number of managed GPUs (0 = not a GPU pod: it passes every filter).
+    ``owner`` is ``<ns>/<job>`` or None when the pod has neither the owner label nor a
+    controller. ``assignment`` is the pod's recorded ``assigned-gpus`` (None when unbound).
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    count: int
+    priority: Priority
+    owner: str | None
+    required_tier: Tier
+    gpu_type: str | None
+    reclaim: bool
+    checkpoint: str | None
+    images: tuple[str, ...]
+    node_name: str | None
+    assignment: Assignment | None
+    terminated: bool
+
+    @property
+    def key(self) -> str:
+        """``<namespace>/<name>``."""
+        return f"{self.namespace}/{self.name}"
+
+
+def _int_quantity(value: Any, where: str) -> int:
+    """Extended resources are integers (Kubernetes rejects fractional ones)."""
+    if isinstance(value, bool):
+        raise PodSpecError(f"{where}: {value!r} is not an integer quantity")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        try:
+            n = int(value.strip())
+        except ValueError as exc:
+            raise PodSpecError(f"{where}: {value!r} is not an integer quantity") from exc
+    else:
+        raise PodSpecError(f"{where}: {value!r} is not an integer quantity")
+    if n < 0:
+        raise PodSpecError(f"{where}: {n} is negative")
+    return n
+
+
+def _container_gpus(container: Any, resource: str, where: str) -> int:
+    if not isinstance(container, dict):
+        raise PodSpecError(f"{where}: container must be an object")
+    resources = container.get("resources") or {}
+    if not isinstance(resources, dict):
+        raise PodSpecError(f"{where}.resources must be an object")
+    for field in ("limits", "requests"):  # limits win; requests alone also count
+        values = resources.get(field) or {}
+        if not isinstance(values, dict):
+            raise PodSpecError(f"{where}.resources.{field} must be an object")
+        if resource in values:
+            return _int_quantity(values[resource], f"{where}.resources.{field}[{resource}]")
+    return 0
+
+
+def pod_gpu_count(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) -> int:
+    """Managed GPUs the pod needs, counted as kube-scheduler counts pod requests.
+
+    ``max(largest regular init container + sidecars started before it,
+    sum of app containers + sum of sidecars)`` where sidecars are init containers with
+    ``restartPolicy: Always`` (k8s.io/component-helpers/resource PodRequests).
+    Raises :class:`PodSpecError` on malformed containers or quantities.
+    """
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise PodSpecError("pod.spec must be an object")
+    containers = spec.get("containers") or []
+    inits = spec.get("initContainers") or []
+    if not isinstance(containers, list) or not isinstance(inits, list):
+        raise PodSpecError("pod.spec.containers and initContainers must be lists")
+    app = sum(_container_gpus(c, resource, f"spec.containers[{i}]") for i, c in enumerate(containers))
+    sidecars = 0
+    init_peak = 0
+    for i, c in enumerate(inits):
+        n = _container_gpus(c, resource, f"spec.initContainers[{i}]")
+        if isinstance(c, dict) and c.get("restartPolicy") == "Always":
+            sidecars += n
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, sidecars + n)
+    return max(init_peak, app + sidecars)
+
+
+def is_terminated(pod: dict[str, Any]) -> bool:
+    """True when the pod's phase is Succeeded or Failed (it holds no devices any more)."""
+    status = pod.get("status") or {}
+    return isinstance(status, dict) and status.get("phase") in _TERMINAL_PHASES
+
+
+def default_owner(meta: dict[str, Any], namespace: str) -> str | None:
+    """``<ns>/<controller name>`` from the controller ownerReference, or None."""
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller") and ref.get("name"):
+            return f"{namespace}/{ref['name']}"
+    return None
+
+
+def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) -> GpuRequest:
+    """Parse a Pod JSON object into a :class:`GpuRequest`.
+
+    Raises :class:`PodSpecError` (a :class:`RequestError`) when the pod is not an object,
+    lacks ``metadata.name``, or carries a malformed flexlease label/annotation or GPU quantity.
+    """
+    if not isinstance(pod, dict):
+        raise PodSpecError("pod must be a JSON object")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise PodSpecError("pod.metadata.name is required")
+    namespace = meta.get("namespace") or "default"
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    if not isinstance(labels, dict) or not isinstance(annotations, dict):
+        raise PodSpecError("pod.metadata.labels and annotations must be objects")
+
+    raw_priority = labels.get(keys.LABEL_PRIORITY, keys.PRIORITY_LOW)
+    try:
+        priority = Priority(raw_priority)
+    except ValueError as exc:
+        raise PodSpecError(f"label {keys.LABEL_PRIORITY}={raw_priority!r}: expected 'high' or 'low'") from exc
+
+    raw_tier = annotations.get(keys.ANN_RELIABILITY, Tier.LA.value)
+    try:
+        tier = Tier(raw_tier)
+    except ValueError as exc:
+        raise PodSpecError(f"annotation {keys.ANN_RELIABILITY}={raw_tier!r}: expected HA, MA or LA") from exc
+
+    raw_reclaim = annotations.get(keys.ANN_RECLAIM, "false")
+    if raw_reclaim not in ("true", "false"):
+        raise PodSpecError(f"annotation {keys.ANN_RECLAIM}={raw_reclaim!r}: expected 'true' or 'false'")
+
+    owner = labels.get(keys.LABEL_OWNER) or default_owner(meta, namespace)
+    # Label values cannot hold '/': the label carries '<job>' and the pod's namespace completes it.
+    if owner is not None and "/" not in owner:
+        owner = f"{namespace}/{owner}"
+
+    assignment = None
+    if keys.ANN_ASSIGNED_GPUS in annotations:
+        assignment = Assignment.parse(str(annotations[keys.ANN_ASSIGNED_GPUS]))
+
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    assert isinstance(spec, dict)
+    images = tuple(
+        str(c.get("image")) for c in (spec.get("containers") or []) if isinstance(c, dict) and c.get("image")
+    )
+    return GpuRequest(
+        namespace=namespace,
+        name=meta["name"],
+        uid=str(meta.get("uid") or ""),
+        count=pod_gpu_count(pod, resource),
+        priority=priority,
+        owner=owner,
+        required_tier=tier,
+        gpu_type=annotations.get(keys.ANN_GPU_TYPE) or None,
+        reclaim=raw_reclaim == "true",
+        checkpoint=annotations.get(keys.ANN_CHECKPOINT) or None,
+        images=images,
+        node_name=spec.get("nodeName") or None,
+        assignment=assignment,
+        terminated=is_terminated(pod),
+    )

@@ -1,0 +1,171 @@
+"""Configuration: one pydantic-settings root with a group per component.
+
+Sources, highest first: init arguments (tests build ``Settings(...)``), environment
+(``FLEXLEASE_`` prefix, ``__`` between nesting levels, e.g. ``FLEXLEASE_EXTENDER__PORT=8888``),
+a YAML file given by ``FLEXLEASE_CONFIG`` (or :func:`load`'s ``path``), defaults.
+Load once in ``main`` before the event loop and pass it down; no import-time singletons.
+Each component owns its group class here; add fields to your own group only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from flexlease.api import keys
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StoreSettings(_Group):
+    """Which store backs the process (DESIGN §5)."""
+
+    kind: Literal["sqlite", "kube", "memory"] = "sqlite"
+    sqlite_path: Path = Path("/var/lib/flexlease/state.db")
+    kubeconfig: Path | None = None
+    """None: in-cluster config when available, else ``~/.kube/config``."""
+    request_timeout_seconds: float = Field(default=10.0, gt=0)
+    watch_timeout_seconds: float = Field(default=300.0, gt=0)
+    history_revisions: int = Field(default=100_000, ge=100)
+    """SqliteStore: revision-log rows kept for watches before compaction (older → 410 Gone)."""
+
+
+class TierSettings(_Group):
+    """Reliability tiering (WeFlex §3.5): thresholds as ratios 0–1, periods in seconds."""
+
+    ha_threshold: float = Field(default=1.0, ge=0.0, le=1.0)
+    ma_threshold: float = Field(default=0.97, ge=0.0, le=1.0)
+    window_seconds: float = Field(default=14 * 86400, gt=0)
+    refresh_seconds: float = Field(default=14 * 86400, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TierSettings:
+        if self.ma_threshold > self.ha_threshold:
+            raise ValueError("tiers.ma_threshold must not exceed tiers.ha_threshold")
+        return self
+
+
+class ExtenderSettings(_Group):
+    """The kube-scheduler HTTP extender."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8888, ge=0, le=65535)
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    gpu_resource: str = keys.DEFAULT_GPU_RESOURCE
+    reservation_ttl_seconds: float = Field(default=30.0, gt=0)
+    """A bind's reservation not confirmed by the watch within this time is forgotten."""
+    shutdown_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ExtenderSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("extender.tls_cert_file and tls_key_file must be set together")
+        return self
+
+
+class LeaseSettings(_Group):
+    """The lease controller (lend, reclaim, standby pool)."""
+
+    enabled: bool = True
+    resync_seconds: float = Field(default=30.0, gt=0)
+    standby_pool_size: int = Field(default=0, ge=0)
+    """GPUs the standby pool is kept at (0 = leave the pool as operators set it)."""
+    leader_election: bool = False
+    leader_lease_name: str = "flexlease-extender"
+    leader_lease_namespace: str = "flexlease-system"
+    leader_lease_seconds: float = Field(default=15.0, gt=0)
+
+
+class AgentSettings(_Group):
+    """The node agent (DaemonSet). Sub-groups are owned by their components."""
+
+    node_name: str = Field(default_factory=lambda: os.environ.get("NODE_NAME", ""))
+    node_ip: str = Field(default_factory=lambda: os.environ.get("NODE_IP", ""))
+    nvml: Literal["real", "simulated"] = "real"
+    node_config: Path | None = None
+    """YAML describing simulated GPUs and an event script (``nvml: simulated``)."""
+    state_dir: Path = Path("/var/lib/flexlease-agent")
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = Field(default=9400, ge=0, le=65535)
+    heartbeat_seconds: float = Field(default=30.0, gt=0)
+    poll_seconds: float = Field(default=5.0, gt=0)
+    application_xids: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+    recovery_hold_down_seconds: float = Field(default=300.0, ge=0)
+    cri_endpoint: str = "unix:///run/containerd/containerd.sock"
+    cri_timeout_seconds: float = Field(default=10.0, gt=0)
+    image_pull_timeout_seconds: float = Field(default=600.0, gt=0)
+    checkpoint_dir: Path = Path("/var/lib/flexlease-agent/checkpoints")
+    checkpoint_cache_bytes: int = Field(default=200 * 1024**3, gt=0)
+    hot_restart_strategy: Literal["direct", "kubelet"] = "kubelet"
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+
+
+class Settings(BaseSettings):
+    """Root of all configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLEXLEASE_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    log_level: str = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    tiers: TierSettings = Field(default_factory=TierSettings)
+    extender: ExtenderSettings = Field(default_factory=ExtenderSettings)
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlFileSource(settings_cls))
+
+
+class _YamlFileSource(PydanticBaseSettingsSource):
+    """Values from the YAML file named by ``FLEXLEASE_CONFIG`` (lowest priority but defaults)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("FLEXLEASE_CONFIG")
+        if not path:
+            return {}
+        data = yaml.safe_load(Path(path).read_text())
+        if data is None:
+            return {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the config file must hold a mapping")
+        return data
+
+
+def load(path: Path | None = None, **overrides: Any) -> Settings:
+    """Build :class:`Settings` from ``path`` (YAML; else ``$FLEXLEASE_CONFIG``), the
+    environment and ``overrides``. Raises ``pydantic.ValidationError`` on bad values and
+    ``OSError`` when the file cannot be read."""
+    if path is not None:
+        os.environ["FLEXLEASE_CONFIG"] = str(path)
+    return Settings(**overrides)

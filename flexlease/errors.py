@@ -1,0 +1,84 @@
+"""flexlease's error hierarchy (house rule 4). Always chain the cause (``raise ... from exc``).
+
+    FlexleaseError
+    ├── StoreError            a store (Kubernetes API, SQLite, memory) failed
+    │   ├── Conflict          409: resourceVersion precondition failed / already exists / already bound
+    │   ├── NotFound          404
+    │   ├── Gone              410: watch resourceVersion too old; re-list
+    │   └── TooManyRequests   429: e.g. an eviction refused by a PodDisruptionBudget; retry later
+    ├── BackendError          a node backend failed
+    │   ├── NvmlError
+    │   └── CriError
+    └── RequestError          bad input from a caller (HTTP 400)
+        └── PodSpecError      a pod's flexlease labels/annotations/GPU quantities are malformed
+
+Placement failure is a verdict, never an exception.
+"""
+
+from __future__ import annotations
+
+
+class FlexleaseError(Exception):
+    """Root of every error flexlease raises on purpose."""
+
+
+class StoreError(FlexleaseError):
+    """A store operation failed. ``status`` is the HTTP-equivalent status code when known."""
+
+    status: int | None = None
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class Conflict(StoreError):
+    """409: optimistic-concurrency precondition failed, object exists, or pod already bound."""
+
+    status = 409
+
+
+class NotFound(StoreError):
+    """404: the object does not exist."""
+
+    status = 404
+
+
+class Gone(StoreError):
+    """410: the requested resourceVersion is too old to watch from; list again."""
+
+    status = 410
+
+
+class TooManyRequests(StoreError):
+    """429: refused for now (an eviction blocked by a PodDisruptionBudget); retry later.
+
+    ``retry_after`` is the server's hint in seconds, when given.
+    """
+
+    status = 429
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class BackendError(FlexleaseError):
+    """A node-side backend (NVML, CRI) failed."""
+
+
+class NvmlError(BackendError):
+    """NVML failed (init, query or event wait)."""
+
+
+class CriError(BackendError):
+    """A CRI RuntimeService/ImageService call failed or containerd is unreachable."""
+
+
+class RequestError(FlexleaseError):
+    """A caller sent something malformed; maps to HTTP 400 with this message."""
+
+
+class PodSpecError(RequestError):
+    """A pod carries a malformed flexlease label/annotation or GPU quantity."""

@@ -1,0 +1,1 @@
+"""Trace-driven cluster simulator (WeFlex §4): plays kube-scheduler against the real extender."""
