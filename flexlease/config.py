@@ -145,16 +145,20 @@ class Settings(BaseSettings):
 
 
 class _YamlFileSource(PydanticBaseSettingsSource):
-    """Values from the YAML file named by ``FLEXLEASE_CONFIG`` (lowest priority but defaults)."""
+    """Values from a YAML file: ``path``, else the file named by ``$FLEXLEASE_CONFIG``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None = None) -> None:
+        super().__init__(settings_cls)
+        self._path = path
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        path = os.environ.get("FLEXLEASE_CONFIG")
-        if not path:
+        path = self._path or (Path(p) if (p := os.environ.get("FLEXLEASE_CONFIG")) else None)
+        if path is None:
             return {}
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(path.read_text())
         if data is None:
             return {}
         if not isinstance(data, dict):
@@ -163,9 +167,23 @@ class _YamlFileSource(PydanticBaseSettingsSource):
 
 
 def load(path: Path | None = None, **overrides: Any) -> Settings:
-    """Build :class:`Settings` from ``path`` (YAML; else ``$FLEXLEASE_CONFIG``), the
-    environment and ``overrides``. Raises ``pydantic.ValidationError`` on bad values and
-    ``OSError`` when the file cannot be read."""
-    if path is not None:
-        os.environ["FLEXLEASE_CONFIG"] = str(path)
-    return Settings(**overrides)
+    """Build :class:`Settings` from ``overrides`` > environment > the YAML file ``path``
+    (else ``$FLEXLEASE_CONFIG``) > defaults. Raises ``pydantic.ValidationError`` on bad
+    values and ``OSError`` when the file cannot be read."""
+    if path is None:
+        return Settings(**overrides)
+    file_path = path
+
+    class _FromFile(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _YamlFileSource(settings_cls, file_path))
+
+    return _FromFile(**overrides)
