@@ -121,11 +121,26 @@ class CacheStatus(KubeModel):
     checkpoints: list[CheckpointRef] = Field(default_factory=list)
 
 
+class NodeSummary(KubeModel):
+    """Counts for ``kubectl get gpunodes`` printer columns (JSONPath cannot count).
+
+    Written by the agent with the rest of ``status``; derived by :func:`summarize`.
+    """
+
+    gpus: int = 0
+    healthy: int = 0
+    ha: int = 0
+    ma: int = 0
+    la: int = 0
+    lent: int = 0
+
+
 class GPUNodeStatus(KubeModel):
     node_ip: str | None = Field(default=None, alias="nodeIP")
     agent: AgentInfo | None = None
     devices: dict[str, DeviceStatus] = Field(default_factory=dict)
     cache: CacheStatus = Field(default_factory=CacheStatus)
+    summary: NodeSummary | None = None
 
 
 class GPUNode(KubeModel):
@@ -149,6 +164,22 @@ class GPUNode(KubeModel):
             return spec.tier_override
         status = self.status.devices.get(str(index))
         return status.tier if status is not None else None
+
+
+def summarize(spec: GPUNodeSpec, devices: dict[str, DeviceStatus]) -> NodeSummary:
+    """Printer-column counts: devices reported, healthy, per effective tier, tagged (lent)."""
+    tiers = [
+        (spec.devices[i].tier_override if i in spec.devices and spec.devices[i].tier_override else d.tier)
+        for i, d in devices.items()
+    ]
+    return NodeSummary(
+        gpus=len(devices),
+        healthy=sum(1 for d in devices.values() if d.health is Health.HEALTHY),
+        ha=tiers.count(Tier.HA),
+        ma=tiers.count(Tier.MA),
+        la=tiers.count(Tier.LA),
+        lent=sum(1 for d in spec.devices.values() if d.owner),
+    )
 
 
 # --------------------------------------------------------------------------- GPULease
