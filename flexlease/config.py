@@ -39,6 +39,8 @@ class StoreSettings(_Group):
     watch_timeout_seconds: float = Field(default=300.0, gt=0)
     history_revisions: int = Field(default=100_000, ge=100)
     """SqliteStore: revision-log rows kept for watches before compaction (older → 410 Gone)."""
+    sqlite_poll_seconds: float = Field(default=0.05, gt=0)
+    """SqliteStore: how often a watch reads the revision log for other processes' writes."""
 
 
 class TierSettings(_Group):
@@ -87,6 +89,11 @@ class LeaseSettings(_Group):
     leader_lease_name: str = "flexlease-extender"
     leader_lease_namespace: str = "flexlease-system"
     leader_lease_seconds: float = Field(default=15.0, gt=0)
+    retry_base_seconds: float = Field(default=0.5, gt=0)
+    """Back-off after a failed reconcile; doubles per consecutive failure up to ``retry_max_seconds``."""
+    retry_max_seconds: float = Field(default=60.0, gt=0)
+    eviction_retry_seconds: float = Field(default=5.0, gt=0)
+    """Wait before retrying an eviction a PodDisruptionBudget refused, when no Retry-After is given."""
 
 
 class AgentSettings(_Group):

@@ -140,7 +140,9 @@ class Store(Protocol):
 
     async def create(self, kind: Kind, obj: JsonObj) -> JsonObj:
         """Create; the store sets ``metadata.uid``, ``resourceVersion``,
-        ``creationTimestamp``. Raises ``Conflict`` if the name exists in that namespace."""
+        ``creationTimestamp``. Raises ``Conflict`` if the name exists in that namespace.
+        As the API server, create drops ``status`` for kinds with a status subresource (Pods
+        start with ``status.phase: Pending``); write it with ``patch(subresource="status")``."""
         ...
 
     async def patch(

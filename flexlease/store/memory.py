@@ -1,0 +1,394 @@
+"""``MemoryStore``: the whole store in one process's memory, for unit tests and the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from flexlease.errors import Conflict, Gone, NotFound, StoreError
+from flexlease.store import semantics
+from flexlease.store.base import (
+    EVERYTHING,
+    EventType,
+    JsonObj,
+    Kind,
+    ObjectList,
+    Selector,
+    WatchEvent,
+)
+
+DEFAULT_HISTORY_REVISIONS: Final = 10_000
+DEFAULT_BOOKMARK_SECONDS: Final = 1.0
+
+_Entry = tuple[JsonObj, str]
+"""A stored object and its JSON text. The dict is never mutated nor handed out; callers get
+``semantics.decode(text)``, a private copy."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """One revision: ``obj``/``text`` the state after (DELETED: the last state, carrying the
+    deletion's resourceVersion), ``prev`` the state before a MODIFIED."""
+
+    revision: int
+    kind: Kind
+    namespace: str
+    type: EventType
+    obj: JsonObj
+    text: str
+    prev: JsonObj | None
+    prev_text: str | None
+
+
+class MemoryStore:
+    """An in-process :class:`~flexlease.store.base.Store` with the API server's semantics.
+
+    Semantics (shared with ``SqliteStore`` through :mod:`flexlease.store.semantics`, checked
+    by ``tests/store/contract.py``):
+
+    * one revision counter for the whole store, as etcd's: a fresh store is at 1, every
+      write (create, effective patch, delete, bind; evict writes two: the PDB, then the pod's
+      deletion) takes the next integer, which becomes the object's ``resourceVersion``. A
+      patch that changes nothing writes nothing and returns the object as it is;
+    * ``list`` is a consistent snapshot at the store's current revision;
+    * ``watch`` yields every change strictly after ``resource_version`` in revision order,
+      exactly once, from a bounded history of the last ``history_revisions`` revisions;
+      older → ``Gone`` (also raised mid-watch when a consumer falls that far behind).
+      ``"0"`` or ``""`` mean "from now": the current objects as ADDED, then changes. A
+      selector transition arrives as ADDED (starts matching) or DELETED (stops matching;
+      the previous state with the change's resourceVersion). When filtered-out changes
+      were skipped and nothing was yielded for ``bookmark_seconds``, a BOOKMARK carries
+      the revision reached;
+    * create drops ``status`` of Pods, GPUNodes and GPULeases (Pods start ``Pending``);
+      ``patch`` is a JSON merge patch with the ``status`` subresource and resourceVersion
+      preconditions (``Conflict``); ``bind`` sets ``spec.nodeName`` and ``PodScheduled``;
+      ``evict`` honours one PodDisruptionBudget per pod (``TooManyRequests`` at 0 allowed
+      disruptions, else it spends one) and, there being no kubelet, deletes the pod at once
+      (``grace_period_seconds`` is accepted and ignored);
+    * every object handed out is a private copy; objects passed in are copied on write.
+
+    Limits: one event loop (not thread-safe; every method runs without awaiting, so each
+    verb is atomic); nothing persists. Costs: a write is O(object size) plus one wake-up per
+    watch of that kind; a list is O(objects of the kind); each watch checks every change of
+    its kind against its selector. History holds ``history_revisions`` changes (about twice
+    the JSON size of each). After :meth:`close` every running watch ends and every verb
+    raises ``StoreError``.
+    """
+
+    def __init__(
+        self,
+        *,
+        history_revisions: int = DEFAULT_HISTORY_REVISIONS,
+        bookmark_seconds: float = DEFAULT_BOOKMARK_SECONDS,
+    ) -> None:
+        if history_revisions < 1:
+            raise ValueError("history_revisions must be at least 1")
+        self._history_revisions = history_revisions
+        self._bookmark_seconds = bookmark_seconds
+        self._objects: dict[Kind, dict[semantics.ObjectKey, _Entry]] = {k: {} for k in Kind}
+        self._revision = semantics.FIRST_REVISION
+        self._compacted = semantics.FIRST_REVISION
+        """Watches may start from any revision ≥ this; ``_history[i]`` is revision compacted+1+i."""
+        self._history: list[_Change] = []
+        self._watches: dict[Kind, weakref.WeakSet[_MemoryWatch]] = {k: weakref.WeakSet() for k in Kind}
+        self._closed = False
+
+    # -- reads ---------------------------------------------------------------------------
+
+    @property
+    def revision(self) -> int:
+        """The store's current revision (the last write's)."""
+        return self._revision
+
+    async def list(
+        self, kind: Kind, *, namespace: str | None = None, selector: Selector = EVERYTHING
+    ) -> ObjectList:
+        """Objects of ``kind`` (in ``namespace``, or all) matching ``selector``, and the
+        store's revision as the list's resourceVersion. Raises ``StoreError`` when closed."""
+        self._check_open()
+        return ObjectList(
+            items=[semantics.decode(text) for _, text in self._select(kind, namespace, selector)],
+            resource_version=str(self._revision),
+        )
+
+    def _select(self, kind: Kind, namespace: str | None, selector: Selector) -> Iterator[_Entry]:
+        ns = semantics.namespace_filter(kind, namespace)
+        everything = not selector.labels and not selector.fields
+        for (obj_ns, _), entry in self._objects[kind].items():
+            if (ns is None or obj_ns == ns) and (everything or selector.matches(entry[0])):
+                yield entry
+
+    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
+        """One object (a copy). Raises ``NotFound``; ``StoreError`` (400) without a
+        namespace for a namespaced kind."""
+        self._check_open()
+        return semantics.decode(self._entry(kind, semantics.object_key(kind, name, namespace))[1])
+
+    def _entry(self, kind: Kind, key: semantics.ObjectKey) -> _Entry:
+        try:
+            return self._objects[kind][key]
+        except KeyError:
+            where = f"{key[0]}/{key[1]}" if key[0] else key[1]
+            raise NotFound(f"{kind} {where} not found") from None
+
+    def watch(
+        self,
+        kind: Kind,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        selector: Selector = EVERYTHING,
+    ) -> AsyncIterator[WatchEvent]:
+        """Changes to ``kind`` strictly after ``resource_version`` (see the class docstring).
+        Raises ``Gone`` at the first ``__anext__`` (or later, when the consumer falls
+        behind the history), ``StoreError`` (400) on a malformed version. The iterator
+        also has ``aclose()``; it ends when the store closes."""
+        start = None if resource_version in ("", "0") else semantics.parse_revision(resource_version)
+        watch = _MemoryWatch(
+            self,
+            kind,
+            start=start,
+            namespace=semantics.namespace_filter(kind, namespace),
+            selector=selector,
+        )
+        self._watches[kind].add(watch)
+        return watch
+
+    # -- writes --------------------------------------------------------------------------
+
+    async def create(self, kind: Kind, obj: JsonObj) -> JsonObj:
+        """Create (see :func:`semantics.prepare_create`). Returns the stored object (a copy).
+        Raises ``Conflict`` when the name exists, ``StoreError`` (400) on an invalid object."""
+        self._check_open()
+        key, new = semantics.prepare_create(kind, obj)
+        if key in self._objects[kind]:
+            where = f"{key[0]}/{key[1]}" if key[0] else key[1]
+            raise Conflict(f"{kind} {where} already exists")
+        return self._write(kind, key, change=EventType.ADDED, obj=new, prev=None)
+
+    async def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: JsonObj,
+        *,
+        namespace: str | None = None,
+        subresource: str | None = None,
+        resource_version: str | None = None,
+    ) -> JsonObj:
+        """JSON merge patch (see :func:`semantics.apply_patch`). Returns the object after
+        it (a copy). Raises ``NotFound``, ``Conflict`` (precondition), ``StoreError`` (400)."""
+        self._check_open()
+        key = semantics.object_key(kind, name, namespace)
+        current, text = self._entry(kind, key)
+        if not isinstance(patch, dict):
+            raise semantics.bad_request(f"{kind} {name}: a merge patch must be a JSON object")
+        semantics.check_precondition(current, patch, resource_version=resource_version)
+        new = semantics.apply_patch(kind, current, patch, subresource=subresource)
+        if new == current:
+            return semantics.decode(text)
+        return self._write(kind, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
+
+    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
+        """Delete at once (no finalizers, no grace period). Raises ``NotFound``."""
+        self._check_open()
+        key = semantics.object_key(kind, name, namespace)
+        entry = self._entry(kind, key)
+        self._write(kind, key, change=EventType.DELETED, obj=entry[0], prev=entry)
+
+    async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
+        """The pod's Binding (see :func:`semantics.apply_bind`). Raises ``NotFound``,
+        ``Conflict`` (already bound, uid mismatch)."""
+        self._check_open()
+        key = semantics.object_key(Kind.POD, name, namespace)
+        current, text = self._entry(Kind.POD, key)
+        new = semantics.apply_bind(current, uid=uid, node=node)
+        self._write(Kind.POD, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
+
+    async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:
+        """Eviction API (see :func:`semantics.eviction_budget`), then deletion of the pod.
+        Raises ``NotFound``, ``TooManyRequests`` (budget exhausted), ``StoreError`` (500:
+        several budgets select the pod)."""
+        self._check_open()
+        key = semantics.object_key(Kind.POD, name, namespace)
+        pod_entry = self._entry(Kind.POD, key)
+        pdbs = (entry[0] for (ns, _), entry in self._objects[Kind.PDB].items() if ns == key[0])
+        pdb = semantics.eviction_budget(pod_entry[0], pdbs)
+        if pdb is not None:
+            pdb_key = (key[0], pdb["metadata"]["name"])
+            pdb_entry = self._objects[Kind.PDB][pdb_key]
+            self._write(
+                Kind.PDB,
+                pdb_key,
+                change=EventType.MODIFIED,
+                obj=semantics.spend_budget(pdb, name),
+                prev=pdb_entry,
+            )
+        self._write(Kind.POD, key, change=EventType.DELETED, obj=pod_entry[0], prev=pod_entry)
+
+    def _write(
+        self,
+        kind: Kind,
+        key: semantics.ObjectKey,
+        *,
+        change: EventType,
+        obj: JsonObj,
+        prev: _Entry | None,
+    ) -> JsonObj:
+        """Commit one revision: ``obj`` (the new state; for DELETED the last one) gets the
+        next resourceVersion. Validates (encodes) before touching any state."""
+        revision = self._revision + 1
+        text = semantics.encode(kind, semantics.stamp(obj, revision))
+        stored = semantics.decode(text)  # our own copy, sharing nothing with the caller
+        self._revision = revision
+        if change is EventType.DELETED:
+            del self._objects[kind][key]
+        else:
+            self._objects[kind][key] = (stored, text)
+        self._history.append(
+            _Change(
+                revision=revision,
+                kind=kind,
+                namespace=key[0],
+                type=change,
+                obj=stored,
+                text=text,
+                prev=prev[0] if prev is not None and change is EventType.MODIFIED else None,
+                prev_text=prev[1] if prev is not None and change is EventType.MODIFIED else None,
+            )
+        )
+        excess = len(self._history) - self._history_revisions
+        if excess > max(64, self._history_revisions // 8):
+            self._drop_history(excess)
+        for watch in self._watches[kind]:
+            watch.wake()
+        return semantics.decode(text)
+
+    def _drop_history(self, count: int) -> None:
+        del self._history[:count]
+        self._compacted += count
+
+    async def compact(self, keep: int = 0) -> int:
+        """Drop history older than the last ``keep`` revisions (0: all of it), as etcd's
+        compaction does; watches from before that raise ``Gone``. Returns the compacted
+        revision (the oldest one a watch may start from)."""
+        self._check_open()
+        self._drop_history(max(0, len(self._history) - keep))
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.wake()
+        return self._compacted
+
+    async def close(self) -> None:
+        """End every running watch; later calls raise ``StoreError``. Idempotent."""
+        self._closed = True
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.wake()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+
+    # -- watch support -------------------------------------------------------------------
+
+    def _next_change(self, after: int) -> Iterator[_Change]:
+        """Changes with revision > ``after``, in order. Raises ``Gone`` when compacted."""
+        if after < self._compacted:
+            raise Gone(f"too old resource version: {after} (the oldest available is {self._compacted})")
+        start = after - self._compacted
+        for i in range(start, len(self._history)):
+            yield self._history[i]
+
+
+class _MemoryWatch:
+    """One watch on a :class:`MemoryStore`: an async iterator over :class:`WatchEvent`."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        kind: Kind,
+        *,
+        start: int | None,
+        namespace: str | None,
+        selector: Selector,
+    ) -> None:
+        self._store = store
+        self._kind = kind
+        self._last = start  # None until the "from now" snapshot was taken
+        self._namespace = namespace
+        self._selector = selector
+        self._pending: collections.deque[WatchEvent] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._stopped = False
+        self._refused = store._closed
+        self._skipped = False
+        self._yielded_at = time.monotonic()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def __aiter__(self) -> _MemoryWatch:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        store = self._store
+        if self._refused:
+            raise StoreError("the store is closed")
+        while True:
+            if self._stopped or store._closed:
+                self._stopped = True
+                raise StopAsyncIteration
+            if self._last is None:
+                self._snapshot()
+            if self._pending:
+                return self._pending.popleft()
+            event = self._scan()
+            if event is not None:
+                self._yielded_at = time.monotonic()
+                return event
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    def _snapshot(self) -> None:
+        store = self._store
+        for _, text in store._select(self._kind, self._namespace, self._selector):
+            self._pending.append(WatchEvent(EventType.ADDED, semantics.decode(text)))
+        self._last = store._revision
+
+    def _scan(self) -> WatchEvent | None:
+        assert self._last is not None
+        for change in self._store._next_change(self._last):
+            self._last = change.revision
+            if change.kind is not self._kind or (
+                self._namespace is not None and change.namespace != self._namespace
+            ):
+                self._skipped = True
+                continue
+            seen = semantics.watch_transition(self._selector, change.type, obj=change.obj, prev=change.prev)
+            if seen is None:
+                self._skipped = True
+                continue
+            self._skipped = False
+            event_type, use_prev = seen
+            if use_prev:
+                assert change.prev_text is not None
+                obj = semantics.with_revision(semantics.decode(change.prev_text), change.revision)
+            else:
+                obj = semantics.decode(change.text)
+            return WatchEvent(event_type, obj)
+        if self._skipped and time.monotonic() - self._yielded_at >= self._store._bookmark_seconds:
+            self._skipped = False
+            return semantics.bookmark(self._kind, self._last)
+        return None
+
+    async def aclose(self) -> None:
+        """Stop this watch (later ``__anext__`` calls end the iteration)."""
+        self._stopped = True
+        self._store._watches[self._kind].discard(self)
+        self._wakeup.set()

@@ -1,0 +1,47 @@
+"""MemoryStore: the store contract, plus what only an in-process store can show."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from flexlease.errors import Gone
+from flexlease.store.base import Kind, Store
+from flexlease.store.memory import MemoryStore
+from tests.store.contract import NS, StoreContract, make_pod, next_events, watching
+
+
+class TestMemoryStore(StoreContract):
+    @pytest.fixture
+    async def store(self) -> AsyncIterator[Store]:
+        s = MemoryStore(bookmark_seconds=0.05)
+        yield s
+        await s.close()
+
+    async def compact(self, store: Store) -> None:
+        assert isinstance(store, MemoryStore)
+        await store.compact()
+
+
+async def test_history_is_bounded_and_a_slow_watch_gets_gone() -> None:
+    store = MemoryStore(history_revisions=10)
+    try:
+        await store.create(Kind.POD, make_pod("a"))
+        start = (await store.list(Kind.POD)).resource_version
+        async with watching(store, Kind.POD, start) as watch:
+            await store.patch(Kind.POD, "a", {"metadata": {"labels": {"i": "first"}}}, namespace=NS)
+            (first,) = await next_events(watch, 1)  # the watch is live ...
+            for i in range(100):  # ... then falls behind more than the history holds
+                await store.patch(Kind.POD, "a", {"metadata": {"labels": {"i": str(i)}}}, namespace=NS)
+            with pytest.raises(Gone):
+                await next_events(watch, 1)
+        assert first.object["metadata"]["labels"] == {"i": "first"}
+        recent = str(store.revision - 5)
+        async with watching(store, Kind.POD, recent) as watch:
+            events = await next_events(watch, 5)
+        assert [int(e.resource_version) for e in events] == list(
+            range(store.revision - 4, store.revision + 1)
+        )
+    finally:
+        await store.close()
