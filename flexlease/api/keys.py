@@ -44,6 +44,11 @@ ANN_HOT_RESTART_STATUS: Final = PREFIX + "hot-restart-status"
 ANN_PREEMPT_DEADLINE: Final = PREFIX + "preempt-deadline"
 """Graceful-reclaim notice on an LP pod: RFC 3339 UTC time after which it is evicted."""
 
+# GPULease annotations (written by the lease controller)
+ANN_LEND_BASELINE: Final = PREFIX + "lend-baseline"
+"""On a ``Lend`` lease with ``spec.count``: the GPUs the owner's pods held when the controller
+first saw the lease, ``<node>:<idx>,<idx>;<node>:<idx>`` (released GPUs are taken from these)."""
+
 PRIORITY_HIGH: Final = "high"
 PRIORITY_LOW: Final = "low"
 

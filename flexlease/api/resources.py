@@ -200,6 +200,10 @@ class LeasePhase(enum.StrEnum):
 class LeaseDevice(KubeModel):
     node: str
     index: int = Field(ge=0)
+    model: str | None = None
+    """GPU type recorded by the lease controller in ``status`` (when lent); ignored in ``spec``."""
+    tier: Tier | None = None
+    """Effective tier recorded by the lease controller in ``status`` (when lent); ignored in ``spec``."""
 
     @property
     def key(self) -> DeviceKey:

@@ -1,0 +1,663 @@
+"""The lease controller: reconciles GPULeases, right-of-return tags and the standby pool.
+
+Layout (kopf / OpenKruise style): three :class:`~extender.lease.mirror.Mirror` s (store
+informers for GPULease, GPUNode, Pod) only enqueue keys; one worker takes keys from a
+:class:`~extender.lease.workqueue.WorkQueue` and reconciles them, level-triggered:
+
+* ``lease/<ns>/<name>``: GET the lease fresh, plan with :mod:`extender.lease.planner` from the
+  mirrors' GPUNodes and pods, then write — the lend baseline annotation, the status (phase,
+  lent, reclaimed, supplementedFromStandby, preemptedPods, message, conditions), GPUNode tags,
+  ``preempt-deadline`` notices, evictions — and Events. Status writes carry the lease's
+  resourceVersion; GPUNode and pod writes carry theirs; a ``Conflict`` re-reads and retries
+  (RetryOnConflict), anything else backs off per key. Grace periods requeue the key at their
+  deadline; a PodDisruptionBudget refusal (``TooManyRequests``) requeues after its
+  Retry-After (or ``eviction_retry_seconds``) and is reported in the status, a Warning Event
+  and ``flexlease_lease_evictions_refused_total``.
+
+  Event reasons: on the lease ``LendStarted``, ``LendDone``, ``ReclaimStarted``,
+  ``ReclaimDone``, ``LendFailed``/``ReclaimFailed``, ``Supplemented``, ``StandbyShortfall``,
+  ``EvictionBlocked``, ``InvalidSpec``; on pods ``PreemptNotice``, ``EvictionBlocked``,
+  ``Preempted``; on GPUNodes ``StandbyPool``.
+* ``cluster``: release the tags of GPUs their owner's pods hold again, keep the standby pool
+  at ``standby_pool_size`` (:func:`extender.lease.planner.plan_standby`), refresh gauges.
+
+Everything the controller knows is in the objects (lease status and annotations, GPUNode
+tags, pod annotations), so a restarted controller picks up any lease mid-reclaim. Every
+key is also enqueued every ``resync_seconds``. Time comes from the injected clock.
+
+Entry points: :func:`cleanup_ctx` (an aiohttp cleanup context; the extender's wiring),
+:func:`run` / :func:`serve` (until cancelled, leader-elected when ``leader_election`` is on),
+:class:`LeaseController` (``run``, ``ready``, ``reconcile``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import datetime
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+from extender.lease import planner
+from extender.lease.clock import Clock, SystemClock
+from extender.lease.events import ObjectRef, event_object
+from extender.lease.ledger import FINISHED, owner_ledger
+from extender.lease.metrics import Gauges, LeaseMetrics
+from extender.lease.mirror import Mirror
+from extender.lease.planner import EventType, LeasePlan, TagChange
+from extender.lease.view import ClusterView, Holder, assemble, format_time, read_holder
+from extender.lease.workqueue import WorkQueue
+from flexlease.api import keys
+from flexlease.api.resources import (
+    GPULease,
+    GPUNode,
+    LeaseAction,
+    LeasePhase,
+    parse_gpulease,
+    parse_gpunode,
+)
+from flexlease.config import Settings
+from flexlease.errors import Conflict, NotFound, PodSpecError, TooManyRequests
+from flexlease.logging import ctx
+from flexlease.store.base import EventType as WatchType
+from flexlease.store.base import JsonObj, Kind, Store
+from flexlease.store.leader import ElectionConfig, LeaderElector
+
+log = logging.getLogger(__name__)
+
+CLUSTER_KEY: Final = "cluster"
+LEASE_PREFIX: Final = "lease/"
+CONFLICT_RETRIES: Final = 5
+
+
+def lease_key(namespace: str, name: str) -> str:
+    """The work-queue key of a GPULease: ``lease/<namespace>/<name>``."""
+    return f"{LEASE_PREFIX}{namespace}/{name}"
+
+
+def _meta(obj: JsonObj) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+class LeaseController:
+    """Reconciles GPULeases against the store (see the module docstring).
+
+    ``settings``: the root settings (``settings.lease`` and ``settings.extender.gpu_resource``
+    are read). ``registry``: where the ``flexlease_lease_*`` metrics are registered.
+    ``clock``: time for grace periods, back-offs and resyncs (default: the system clock).
+    ``instance``: ``reportingInstance`` of Events (default: the host name).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        *,
+        registry: CollectorRegistry,
+        clock: Clock | None = None,
+        instance: str | None = None,
+    ) -> None:
+        self._settings = settings.lease
+        self._resource = settings.extender.gpu_resource
+        self._store = store
+        self._clock: Clock = clock or SystemClock()
+        self._instance = instance or socket.gethostname()
+        self.metrics = LeaseMetrics(registry)
+        self._queue = WorkQueue(
+            self._clock,
+            base_delay=self._settings.retry_base_seconds,
+            max_delay=self._settings.retry_max_seconds,
+        )
+        self._leases = Mirror(store, Kind.GPULEASE, on_change=self._lease_changed)
+        self._nodes = Mirror(store, Kind.GPUNODE, on_change=self._world_changed)
+        self._pods = Mirror(store, Kind.POD, on_change=self._pod_changed)
+        self._blocked: dict[str, dict[str, str]] = {}
+        """lease key → pod key → message of the last PodDisruptionBudget refusal."""
+        self._parsed_nodes: dict[str, tuple[str, GPUNode | None]] = {}
+        self._parsed_pods: dict[str, tuple[str, Holder | None, str | None]] = {}
+        self._parsed_lease_cache: dict[str, tuple[str, GPULease | None]] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def ready(self) -> bool:
+        """True once GPULeases, GPUNodes and Pods have each been listed."""
+        return all(m.listed.is_set() for m in (self._leases, self._nodes, self._pods))
+
+    async def run(self) -> None:
+        """Watch and reconcile until cancelled (named tasks in one TaskGroup)."""
+        log.info("lease controller starting", extra=ctx(standby_pool_size=self._settings.standby_pool_size))
+        self._enqueue_world()  # after a restart of run() (leadership regained) look at everything
+        async with asyncio.TaskGroup() as group:
+            for mirror in (self._leases, self._nodes, self._pods):
+                group.create_task(mirror.run(), name=f"lease-mirror-{mirror.kind.value}")
+            group.create_task(self._resync(), name="lease-resync")
+            group.create_task(self._work(), name="lease-worker")
+
+    async def _resync(self) -> None:
+        tick = asyncio.Event()
+        while True:
+            tick.clear()
+            await self._clock.wait(tick, self._settings.resync_seconds)
+            self._enqueue_world()
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            try:
+                delay = await self.reconcile(key)
+            except asyncio.CancelledError:
+                self._queue.add(key)  # interrupted (shutdown, lost leadership): do it again next time
+                raise
+            except Exception as exc:
+                backoff = self._queue.fail(key)
+                self.metrics.reconcile_errors.labels(kind="cluster" if key == CLUSTER_KEY else "lease").inc()
+                log.warning(
+                    "reconcile failed; retrying",
+                    exc_info=not isinstance(exc, Conflict),
+                    extra=ctx(key=key, error=str(exc), retry_seconds=backoff),
+                )
+            else:
+                self._queue.forget(key)
+                if delay is not None:
+                    self._queue.add_after(key, delay)
+            finally:
+                self._queue.done(key)
+
+    # ------------------------------------------------------------------ triggers
+
+    def _lease_changed(self, type: WatchType, obj: JsonObj) -> None:
+        meta = _meta(obj)
+        key = lease_key(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        if type is WatchType.DELETED:
+            self._blocked.pop(key, None)
+        self._queue.add(key)
+        self._queue.add(CLUSTER_KEY)  # gauges count outstanding reclaims
+
+    def _world_changed(self, type: WatchType, obj: JsonObj) -> None:
+        self._enqueue_world()
+
+    def _pod_changed(self, type: WatchType, obj: JsonObj) -> None:
+        if keys.ANN_ASSIGNED_GPUS in (_meta(obj).get("annotations") or {}):
+            self._enqueue_world()
+
+    def _enqueue_world(self) -> None:
+        self._queue.add(CLUSTER_KEY)
+        for obj in self._leases.values():
+            status = obj.get("status") or {}
+            if not isinstance(status, dict) or status.get("phase") not in (
+                LeasePhase.DONE,
+                LeasePhase.FAILED,
+            ):
+                meta = _meta(obj)
+                self._queue.add(lease_key(str(meta.get("namespace") or ""), str(meta.get("name") or "")))
+
+    # ------------------------------------------------------------------ reading
+
+    def _gpunodes(self) -> list[GPUNode]:
+        out: list[GPUNode] = []
+        seen: set[str] = set()
+        for obj in self._nodes.values():
+            meta = _meta(obj)
+            name = str(meta.get("name") or "")
+            version = str(meta.get("resourceVersion") or "")
+            seen.add(name)
+            cached = self._parsed_nodes.get(name)
+            if cached is None or cached[0] != version:
+                try:
+                    node: GPUNode | None = parse_gpunode(obj)
+                except ValidationError as exc:
+                    log.warning("GPUNode skipped: invalid", extra=ctx(node=name, error=str(exc)))
+                    node = None
+                cached = (version, node)
+                self._parsed_nodes[name] = cached
+            if cached[1] is not None:
+                out.append(cached[1])
+        for name in set(self._parsed_nodes) - seen:
+            del self._parsed_nodes[name]
+        return out
+
+    def _holders(self) -> tuple[list[Holder], list[str]]:
+        holders: list[Holder] = []
+        problems: list[str] = []
+        seen: set[str] = set()
+        for obj in self._pods.values():
+            meta = _meta(obj)
+            key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+            version = str(meta.get("resourceVersion") or "")
+            seen.add(key)
+            cached = self._parsed_pods.get(key)
+            if cached is None or cached[0] != version:
+                try:
+                    cached = (version, read_holder(obj, self._resource), None)
+                except PodSpecError as exc:
+                    cached = (version, None, f"pod {key} skipped: {exc}")
+                self._parsed_pods[key] = cached
+            if cached[1] is not None:
+                holders.append(cached[1])
+            if cached[2] is not None:
+                problems.append(cached[2])
+        for key in set(self._parsed_pods) - seen:
+            del self._parsed_pods[key]
+        return holders, problems
+
+    def view(self) -> ClusterView:
+        """The cluster as the mirrors hold it now (parsing only objects that changed)."""
+        holders, problems = self._holders()
+        view = assemble(self._gpunodes(), holders, problems=problems)
+        for problem in view.problems:
+            log.debug("view: %s", problem)
+        return view
+
+    def _parsed_leases(self) -> list[GPULease]:
+        out: list[GPULease] = []
+        seen: set[str] = set()
+        for obj in self._leases.values():
+            meta = _meta(obj)
+            key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+            version = str(meta.get("resourceVersion") or "")
+            seen.add(key)
+            cached = self._parsed_lease_cache.get(key)
+            if cached is None or cached[0] != version:
+                try:
+                    cached = (version, parse_gpulease(obj))
+                except ValidationError:
+                    cached = (version, None)  # its own reconcile reports it as Failed
+                self._parsed_lease_cache[key] = cached
+            if cached[1] is not None:
+                out.append(cached[1])
+        for key in set(self._parsed_lease_cache) - seen:
+            del self._parsed_lease_cache[key]
+        return out
+
+    # ------------------------------------------------------------------ reconcile
+
+    async def reconcile(self, key: str) -> float | None:
+        """Reconcile one key (``cluster`` or ``lease/<ns>/<name>``) once; returns seconds
+        until it wants to be reconciled again (None: only on change). Retries conflicts
+        ``CONFLICT_RETRIES`` times after a fresh GET, then raises ``Conflict``; raises other
+        ``StoreError`` s for the caller's back-off. Raises ``ValueError`` on an unknown key."""
+        if key == CLUSTER_KEY:
+            await self._reconcile_cluster()
+            return None
+        if not key.startswith(LEASE_PREFIX) or key.count("/") != 2:
+            raise ValueError(f"unknown work-queue key {key!r}")
+        namespace, name = key[len(LEASE_PREFIX) :].split("/")
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return await self._reconcile_lease(namespace, name, key=key)
+            except Conflict:
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+        return None  # unreachable
+
+    async def _reconcile_lease(self, namespace: str, name: str, *, key: str) -> float | None:
+        try:
+            raw = await self._store.get(Kind.GPULEASE, name, namespace=namespace)
+        except NotFound:
+            self._blocked.pop(key, None)
+            return None
+        self._leases.put(raw)
+        version = str(_meta(raw).get("resourceVersion") or "")
+        try:
+            lease = parse_gpulease(raw)
+        except ValidationError as exc:
+            await self._reject(raw, namespace=namespace, name=name, version=version, exc=exc)
+            return None
+        if lease.status.phase in FINISHED:
+            self._blocked.pop(key, None)
+            return None
+        now = self._clock.now()
+        view = self.view()
+        ledger = owner_ledger(self._parsed_leases(), lease.spec.owner, exclude=name)
+        plan = planner.plan_lease(lease, view, ledger=ledger, now=now, blocked=self._blocked.get(key))
+        ref = ObjectRef.lease(namespace, name, lease.metadata.uid)
+
+        if plan.baseline is not None:
+            patch = {
+                "metadata": {"annotations": {keys.ANN_LEND_BASELINE: planner.format_baseline(plan.baseline)}}
+            }
+            raw = await self._store.patch(
+                Kind.GPULEASE, name, patch, namespace=namespace, resource_version=version
+            )
+            self._leases.put(raw)
+            version = str(_meta(raw).get("resourceVersion") or "")
+        new_status = plan.status.to_json_obj()
+        if new_status != lease.status.to_json_obj():
+            raw = await self._store.patch(
+                Kind.GPULEASE,
+                name,
+                {"status": new_status},
+                namespace=namespace,
+                subresource="status",
+                resource_version=version,
+            )
+            self._leases.put(raw)
+            log.info(
+                "lease status",
+                extra=ctx(
+                    lease=f"{namespace}/{name}", phase=plan.status.phase.value, message=plan.status.message
+                ),
+            )
+        await self._apply_tags(plan.tags)
+        await self._notify(plan, lease)
+        retry = await self._evict(plan, lease, key=key)
+        for note in plan.notes:
+            await self._emit(ref, note.reason, message=note.message, type=note.type, now=now)
+        added = len(plan.status.supplemented_from_standby) - len(lease.status.supplemented_from_standby)
+        if added > 0:
+            self.metrics.supplements.inc(added)
+        if (
+            lease.spec.action is LeaseAction.RECLAIM
+            and plan.status.phase is LeasePhase.DONE
+            and lease.status.phase is not LeasePhase.DONE
+        ):
+            started = next(
+                (c.last_transition_time for c in plan.status.conditions if c.type == planner.COND_ACCEPTED),
+                None,
+            )
+            started = started or lease.metadata.creation_timestamp or now
+            self.metrics.reclaim_duration.observe(max(0.0, (now - started).total_seconds()))
+        if plan.status.phase in FINISHED:
+            self._blocked.pop(key, None)
+        delays = [d for d in (plan.requeue_after, retry) if d is not None]
+        return min(delays) if delays else None
+
+    async def _reject(
+        self, raw: JsonObj, *, namespace: str, name: str, version: str, exc: ValidationError
+    ) -> None:
+        """A lease whose spec does not validate: Failed, with pydantic's message."""
+        message = "invalid spec: " + "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        status = raw.get("status") or {}
+        if (
+            isinstance(status, dict)
+            and status.get("phase") == LeasePhase.FAILED
+            and status.get("message") == message
+        ):
+            return
+        new = await self._store.patch(
+            Kind.GPULEASE,
+            name,
+            {"status": {"phase": LeasePhase.FAILED.value, "message": message}},
+            namespace=namespace,
+            subresource="status",
+            resource_version=version,
+        )
+        self._leases.put(new)
+        ref = ObjectRef.lease(namespace, name, _meta(raw).get("uid"))
+        await self._emit(ref, "InvalidSpec", message=message, type=EventType.WARNING, now=self._clock.now())
+
+    # ------------------------------------------------------------------ writes
+
+    async def _apply_tags(self, changes: Iterable[TagChange]) -> None:
+        by_node: dict[str, list[TagChange]] = {}
+        for change in changes:
+            by_node.setdefault(change.key.node, []).append(change)
+        for node, node_changes in sorted(by_node.items()):
+            await self._tag_node(node, node_changes)
+
+    async def _tag_node(self, node: str, changes: list[TagChange]) -> None:
+        obj = self._nodes.get(None, node)
+        for attempt in range(CONFLICT_RETRIES):
+            if obj is None or attempt > 0:
+                try:
+                    obj = await self._store.get(Kind.GPUNODE, node)
+                except NotFound:
+                    return  # vanished: nothing to tag
+                self._nodes.put(obj)
+            devices = (obj.get("spec") or {}).get("devices") or {}
+            patch: dict[str, Any] = {}
+            for change in changes:
+                index = str(change.key.index)
+                current = (devices.get(index) or {}).get("owner")
+                if change.owner is None:
+                    if current is not None:
+                        patch[index] = {"owner": None, "leasedAt": None}
+                elif current != change.owner:
+                    if current is not None:
+                        log.warning(
+                            "GPU tagged by another owner; left alone",
+                            extra=ctx(gpu=str(change.key), owner=current, wanted=change.owner),
+                        )
+                        continue
+                    leased = format_time(change.leased_at) if change.leased_at is not None else None
+                    patch[index] = {"owner": change.owner, "leasedAt": leased}
+            if not patch:
+                return
+            try:
+                new = await self._store.patch(
+                    Kind.GPUNODE,
+                    node,
+                    {"spec": {"devices": patch}},
+                    resource_version=_meta(obj).get("resourceVersion"),
+                )
+            except NotFound:
+                return
+            except Conflict:
+                continue
+            self._nodes.put(new)
+            log.info("tags", extra=ctx(node=node, gpu=",".join(sorted(patch)), owner=changes[0].owner))
+            return
+        raise Conflict(f"GPUNode {node}: tags still conflicting after {CONFLICT_RETRIES} attempts")
+
+    async def _notify(self, plan: LeasePlan, lease: GPULease) -> None:
+        for notice in plan.notices:
+            pod = notice.pod
+            deadline = format_time(notice.deadline)
+            version: str | None = pod.resource_version or None
+            for attempt in range(CONFLICT_RETRIES):
+                if attempt > 0:
+                    try:
+                        fresh = await self._store.get(Kind.POD, pod.name, namespace=pod.namespace)
+                    except NotFound:
+                        break
+                    self._pods.put(fresh)
+                    if keys.ANN_PREEMPT_DEADLINE in (_meta(fresh).get("annotations") or {}):
+                        break  # noticed meanwhile
+                    version = _meta(fresh).get("resourceVersion")
+                patch = {"metadata": {"annotations": {keys.ANN_PREEMPT_DEADLINE: deadline}}}
+                try:
+                    new = await self._store.patch(
+                        Kind.POD, pod.name, patch, namespace=pod.namespace, resource_version=version
+                    )
+                except NotFound:
+                    break
+                except Conflict:
+                    continue
+                self._pods.put(new)
+                self.metrics.notices.inc()
+                gpus = ",".join(str(d) for d in notice.devices)
+                message = (
+                    f"GPUs {gpus} are reclaimed by {lease.spec.owner} (GPULease "
+                    f"{lease.metadata.namespace}/{lease.metadata.name}); the pod is evicted after "
+                    f"{deadline} ({lease.spec.grace_period_seconds}s grace period)"
+                )
+                log.info("preempt notice", extra=ctx(pod=pod.key, gpu=gpus, deadline=deadline))
+                await self._emit(
+                    ObjectRef.pod(pod.namespace, pod.name, pod.uid),
+                    "PreemptNotice",
+                    message=message,
+                    type=EventType.WARNING,
+                    now=self._clock.now(),
+                )
+                break
+            else:
+                raise Conflict(f"pod {pod.key}: notice still conflicting after {CONFLICT_RETRIES} attempts")
+
+    async def _evict(self, plan: LeasePlan, lease: GPULease, *, key: str) -> float | None:
+        retry: float | None = None
+        blocked = self._blocked.setdefault(key, {})
+        for eviction in plan.evictions:
+            pod = eviction.pod
+            ref = ObjectRef.pod(pod.namespace, pod.name, pod.uid)
+            gpus = ",".join(str(d) for d in eviction.devices)
+            try:
+                await self._store.evict(pod.namespace, pod.name)
+            except NotFound:
+                blocked.pop(pod.key, None)
+                continue
+            except TooManyRequests as exc:
+                self.metrics.evictions_refused.inc()
+                wait = (
+                    exc.retry_after if exc.retry_after is not None else self._settings.eviction_retry_seconds
+                )
+                retry = wait if retry is None else min(retry, wait)
+                first = pod.key not in blocked
+                blocked[pod.key] = str(exc)
+                log.info(
+                    "eviction refused by a PodDisruptionBudget", extra=ctx(pod=pod.key, retry_seconds=wait)
+                )
+                if first:
+                    await self._emit(
+                        ref,
+                        "EvictionBlocked",
+                        message=str(exc),
+                        type=EventType.WARNING,
+                        now=self._clock.now(),
+                    )
+                continue
+            blocked.pop(pod.key, None)
+            self.metrics.evictions.inc()
+            log.info("evicted", extra=ctx(pod=pod.key, gpu=gpus))
+            message = f"evicted after its grace period: GPUs {gpus} are reclaimed by {lease.spec.owner}"
+            await self._emit(ref, "Preempted", message=message, type=EventType.WARNING, now=self._clock.now())
+        if not blocked:
+            self._blocked.pop(key, None)
+        return retry
+
+    async def _emit(
+        self, ref: ObjectRef, reason: str, *, message: str, type: EventType, now: datetime
+    ) -> None:
+        """Create an Event; a failure is logged (Events are best effort) and never raised."""
+        event = event_object(ref, reason, message=message, type=type, now=now, instance=self._instance)
+        try:
+            await self._store.create(Kind.EVENT, event)
+        except Exception as exc:
+            log.warning("event not recorded", extra=ctx(reason=reason, object=ref.name, error=str(exc)))
+
+    # ------------------------------------------------------------------ cluster
+
+    async def _reconcile_cluster(self) -> None:
+        view = self.view()
+        await self._apply_tags(planner.plan_tag_release(view))
+        changes = planner.plan_standby(view, size=self._settings.standby_pool_size)
+        for change in changes:
+            obj = self._nodes.get(None, change.node)
+            version = _meta(obj).get("resourceVersion") if obj is not None else None
+            new = await self._store.patch(
+                Kind.GPUNODE, change.node, {"spec": {"pool": change.pool.value}}, resource_version=version
+            )
+            self._nodes.put(new)
+            verb = "joined" if change.pool.value == "standby" else "left"
+            message = f"node {verb} the standby pool with {change.gpus} spare GPUs"
+            log.info("standby pool", extra=ctx(node=change.node, pool=change.pool.value, gpus=change.gpus))
+            await self._emit(
+                ObjectRef.gpunode(change.node, _meta(new).get("uid")),
+                "StandbyPool",
+                message=message,
+                type=EventType.NORMAL,
+                now=self._clock.now(),
+            )
+        self._update_gauges(self.view() if changes else view)
+
+    def _update_gauges(self, view: ClusterView) -> None:
+        lent: dict[tuple[str, str], int] = {}
+        for gpu in view.gpus.values():
+            if gpu.owner is not None:
+                label = (gpu.model or "", gpu.tier.value if gpu.tier else "")
+                lent[label] = lent.get(label, 0) + 1
+        standby: dict[tuple[str, str], int] = {}
+        for gpu in planner.spare_gpus(view):
+            label = (gpu.model or "", gpu.tier.value if gpu.tier else "")
+            standby[label] = standby.get(label, 0) + 1
+        outstanding = sum(
+            1
+            for lease in self._parsed_leases()
+            if lease.spec.action is LeaseAction.RECLAIM and lease.status.phase not in FINISHED
+        )
+        self.metrics.gauges = Gauges(lent=lent, outstanding_reclaims=outstanding, standby=standby)
+
+
+async def serve(controller: LeaseController, settings: Settings, *, store: Store, instance: str) -> None:
+    """Run ``controller`` until cancelled; with ``settings.lease.leader_election`` only while
+    this process (``instance``, unique per replica) holds the ``coordination.k8s.io`` Lease
+    ``leader_lease_namespace/leader_lease_name`` (client-go's algorithm,
+    :mod:`flexlease.store.leader`), stopping it whenever leadership is lost."""
+    if not settings.lease.leader_election:
+        await controller.run()
+        return
+    elector = LeaderElector(store, ElectionConfig.from_settings(settings.lease, identity=instance))
+    async with asyncio.TaskGroup() as group:
+        group.create_task(elector.run(), name="lease-leader-election")
+        group.create_task(
+            elector.while_leading(controller.run, name="lease-controller-term"), name="lease-leading"
+        )
+
+
+async def run(
+    settings: Settings,
+    store: Store,
+    *,
+    registry: CollectorRegistry,
+    clock: Clock | None = None,
+    instance: str | None = None,
+) -> None:
+    """Run a :class:`LeaseController` (leader-elected when configured) until cancelled;
+    return at once when ``settings.lease.enabled`` is false. ``instance``: this replica's
+    identity (default: the host name, i.e. the pod name)."""
+    if not settings.lease.enabled:
+        log.info("lease controller disabled")
+        return
+    instance = instance or socket.gethostname()
+    controller = LeaseController(settings, store, registry=registry, clock=clock, instance=instance)
+    await serve(controller, settings, store=store, instance=instance)
+
+
+LEASE_CONTROLLER: Final = web.AppKey("lease_controller", LeaseController)
+"""Where :func:`cleanup_ctx` puts the controller (for ``/readyz``: ``.ready``)."""
+
+
+def cleanup_ctx(
+    settings: Settings,
+    store: Store,
+    *,
+    registry: CollectorRegistry,
+    clock: Clock | None = None,
+    instance: str | None = None,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """An aiohttp cleanup context running the controller (see :func:`serve`) as the task
+    ``lease-controller`` for the application's lifetime (cancelled and awaited on shutdown)
+    and storing it under :data:`LEASE_CONTROLLER`. With ``settings.lease.enabled`` false it
+    runs nothing::
+
+        app.cleanup_ctx.append(extender.lease.controller.cleanup_ctx(settings, store, registry=registry))
+    """
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        if not settings.lease.enabled:
+            log.info("lease controller disabled")
+            yield
+            return
+        name = instance or socket.gethostname()
+        controller = LeaseController(settings, store, registry=registry, clock=clock, instance=name)
+        app[LEASE_CONTROLLER] = controller
+        task = asyncio.create_task(
+            serve(controller, settings, store=store, instance=name), name="lease-controller"
+        )
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return context

@@ -1,0 +1,100 @@
+"""Prometheus metrics of the lease controller (prefix ``flexlease_lease_``), on an injected
+``CollectorRegistry``.
+
+Counters and the histogram are updated as the controller acts; the gauges (lent GPUs,
+outstanding reclaims, standby pool) are yielded fresh at scrape time from the controller's
+last cluster snapshot by a custom collector, as prometheus_client's ``process_collector``
+does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LENT_GPUS: Final = "flexlease_lease_lent_gpus"
+OUTSTANDING_RECLAIMS: Final = "flexlease_lease_outstanding_reclaims"
+STANDBY_GPUS: Final = "flexlease_lease_standby_gpus"
+RECLAIM_DURATION: Final = "flexlease_lease_reclaim_duration_seconds"
+EVICTIONS_REFUSED: Final = "flexlease_lease_evictions_refused"
+EVICTIONS: Final = "flexlease_lease_evictions"
+NOTICES: Final = "flexlease_lease_preempt_notices"
+SUPPLEMENTS: Final = "flexlease_lease_standby_supplements"
+RECONCILE_ERRORS: Final = "flexlease_lease_reconcile_errors"
+
+RECLAIM_BUCKETS: Final = (5.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+"""Seconds; the grace period alone is 30–60 s, so most reclaims with LP pods land past 30."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gauges:
+    """State read at scrape time. ``lent``/``standby``: GPU counts by ``(model, tier)``."""
+
+    lent: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    outstanding_reclaims: int = 0
+    standby: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+
+class _GaugeCollector(Collector):
+    def __init__(self, metrics: LeaseMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        gauges = self._metrics.gauges
+        lent = GaugeMetricFamily(
+            LENT_GPUS, "GPUs tagged for an owner (lent with right of return), by type and tier.",
+            labels=["model", "tier"],
+        )  # fmt: skip
+        for (model, tier), n in sorted(gauges.lent.items()):
+            lent.add_metric([model, tier], n)
+        yield lent
+        yield GaugeMetricFamily(
+            OUTSTANDING_RECLAIMS,
+            "Reclaim GPULeases not yet Done or Failed.",
+            value=gauges.outstanding_reclaims,
+        )
+        standby = GaugeMetricFamily(
+            STANDBY_GPUS, "Spare standby-pool GPUs (healthy, free, untagged), by type and tier.",
+            labels=["model", "tier"],
+        )  # fmt: skip
+        for (model, tier), n in sorted(gauges.standby.items()):
+            standby.add_metric([model, tier], n)
+        yield standby
+
+
+class LeaseMetrics:
+    """The controller's metric families, registered on ``registry`` (raises ``ValueError`` on
+    duplicate names, as prometheus_client does)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.gauges = Gauges()
+        self.reclaim_duration = Histogram(
+            RECLAIM_DURATION,
+            "Seconds from a Reclaim GPULease's creation until the owner holds every GPU again.",
+            buckets=RECLAIM_BUCKETS,
+            registry=registry,
+        )
+        self.evictions_refused = Counter(
+            EVICTIONS_REFUSED,
+            "Evictions of LP pods refused by a PodDisruptionBudget (retried).",
+            registry=registry,
+        )
+        self.evictions = Counter(EVICTIONS, "LP pods evicted after their grace period.", registry=registry)
+        self.notices = Counter(NOTICES, "Graceful-reclaim notices written on LP pods.", registry=registry)
+        self.supplements = Counter(
+            SUPPLEMENTS, "Lent GPUs replaced one-for-one from the standby pool.", registry=registry
+        )
+        self.reconcile_errors = Counter(
+            RECONCILE_ERRORS,
+            "Reconciles that failed and were retried with back-off.",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in ("lease", "cluster"):
+            self.reconcile_errors.labels(kind=kind)
+        registry.register(_GaugeCollector(self))

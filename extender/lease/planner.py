@@ -1,0 +1,771 @@
+"""Lend and Reclaim decisions (WeFlex §3.2 steps a–d, §3.5; DESIGN §3). Pure; no I/O.
+
+Each ``plan_*`` function takes what the store holds (a GPULease, a :class:`ClusterView`, the
+owner's :class:`Ledger`, the time) and returns the writes that bring the world one step
+closer to the lease's goal. Plans are level-triggered and idempotent: planning again on the
+state a plan produced yields no new writes, so the controller can be restarted at any point.
+Intent is recorded before acting: a plan's ``status`` (lent devices, chosen replacements,
+preempted pods) is written first and every later plan re-derives the side effects from it.
+
+**Lend** (the owner scales down). ``spec.devices`` names the GPUs the owner's pods give up;
+``spec.count`` asks the controller to find them: it records the GPUs the owner's pods hold
+when it first sees the lease (annotation ``flexlease.io/lend-baseline``) and lends the first
+``count`` of those (ordered by node, index) that the pods stop holding — so a count Lend must
+be created *before* the pods go. In both forms ``count`` counts released GPUs, LA included:
+an HA or MA GPU is tagged ``spec.devices["<i>"].owner = <owner>`` with ``leasedAt`` and
+recorded with its model and tier in ``status.lent``; an LA GPU goes back untagged. A GPU the
+owner's pods still hold is waited for. Done when every GPU is released.
+
+**Reclaim** (the owner scales up). The targets are fixed on the first reconcile and recorded
+in ``status.lent``: ``spec.devices`` (each must be lent by the owner), or ``count`` of the
+owner's outstanding lent GPUs (tagged ones, plus ledger records of GPUs whose GPUNode is gone),
+cheapest first (already held by the owner, free, held by LP pods, then the rest); a count larger
+than what is outstanding takes everything. Per target, every reconcile:
+
+* held by a pod of the owner → reclaimed (``status.reclaimed``; the tag is released);
+* held by an LP pod (priority label not ``high``) → graceful reclaim: ``preempt-deadline`` =
+  now + ``gracePeriodSeconds`` on the pod and an Event; once past the deadline, evict;
+* failed (Unhealthy/Unknown), vanished (device or GPUNode gone) or held by another owner's HP
+  pod (which cannot be preempted) → replaced one-for-one by a free, untagged, healthy standby
+  GPU of the same model and a tier >= the original's lend-time tier (lowest adequate tier
+  first), tagged with the owner and recorded in ``status.supplementedFromStandby``; no such GPU
+  → wait (condition ``GPUsFreed`` reason ``StandbyShortfall``);
+* free and healthy → keep it tagged and wait for the owner's pods.
+
+Done when the owner's pods hold every target or its replacement; Failed when the rest can
+never be resolved (a replacement is needed but the original's model or tier is unknown).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from datetime import datetime, timedelta
+
+from extender.lease.ledger import FINISHED, Ledger
+from extender.lease.view import ClusterView, Gpu, Holder
+from flexlease.api import keys
+from flexlease.api.pod import Assignment, Priority
+from flexlease.api.resources import (
+    Condition,
+    DeviceKey,
+    GPULease,
+    GPULeaseStatus,
+    LeaseAction,
+    LeaseDevice,
+    LeasePhase,
+    Pool,
+    Supplement,
+)
+from flexlease.api.tiers import Tier
+from flexlease.errors import PodSpecError
+
+COND_ACCEPTED = "Accepted"
+"""Set when the controller takes a lease up; its ``lastTransitionTime`` is when work began."""
+COND_TAGGED = "Tagged"
+COND_FREED = "GPUsFreed"
+
+REASON_FREED = "Freed"
+REASON_GRACE = "GracePeriod"
+REASON_EVICTING = "Evicting"
+REASON_EVICTION_BLOCKED = "EvictionBlocked"
+REASON_SHORTFALL = "StandbyShortfall"
+REASON_WAITING = "WaitingForRelease"
+REASON_TAGGED = "Tagged"
+
+
+class EventType(enum.StrEnum):
+    """core/v1 Event ``type``."""
+
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+@dataclass(frozen=True, slots=True)
+class TagChange:
+    """Set (``owner`` not None) or clear the right-of-return tag of one GPU."""
+
+    key: DeviceKey
+    owner: str | None
+    _: KW_ONLY
+    leased_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Write ``preempt-deadline`` = ``deadline`` on ``pod`` and tell it with an Event."""
+
+    pod: Holder
+    deadline: datetime
+    _: KW_ONLY
+    devices: tuple[DeviceKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """Evict ``pod`` through the Eviction API (its grace period is over)."""
+
+    pod: Holder
+    devices: tuple[DeviceKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """An Event about the lease itself."""
+
+    reason: str
+    message: str
+    type: EventType = EventType.NORMAL
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeasePlan:
+    """Writes for one lease, in the order the controller applies them: ``baseline`` (lease
+    annotation, count Lends only, None = leave), ``status`` (only when it differs), ``tags``,
+    ``notices``, ``evictions``, ``notes``. ``requeue_after``: seconds until a grace period ends."""
+
+    status: GPULeaseStatus
+    baseline: tuple[DeviceKey, ...] | None = None
+    tags: tuple[TagChange, ...] = ()
+    notices: tuple[Notice, ...] = ()
+    evictions: tuple[Eviction, ...] = ()
+    notes: tuple[Note, ...] = ()
+    requeue_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolChange:
+    """Move the GPUNode ``node`` to ``pool``; ``gpus`` = its free healthy GPUs, for the Event."""
+
+    node: str
+    pool: Pool
+    _: KW_ONLY
+    gpus: int
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def format_baseline(devices: Iterable[DeviceKey]) -> str:
+    """``<node>:<idx>,<idx>;<node>:<idx>`` (nodes and indices sorted); empty string for none."""
+    by_node: dict[str, list[int]] = {}
+    for d in sorted(devices):
+        by_node.setdefault(d.node, []).append(d.index)
+    return ";".join(Assignment(node, tuple(idx)).format() for node, idx in by_node.items())
+
+
+def parse_baseline(value: str) -> tuple[DeviceKey, ...]:
+    """Inverse of :func:`format_baseline`, sorted. Raises :class:`PodSpecError` when malformed."""
+    out: set[DeviceKey] = set()
+    for part in filter(None, value.split(";")):
+        out.update(Assignment.parse(part).devices)
+    return tuple(sorted(out))
+
+
+def set_condition(
+    conditions: Sequence[Condition], *, type: str, status: bool, reason: str, message: str, now: datetime
+) -> list[Condition]:
+    """``conditions`` with ``type`` set; ``lastTransitionTime`` moves only when status flips
+    (``metav1.Condition`` semantics)."""
+    value = "True" if status else "False"
+    out: list[Condition] = []
+    found = False
+    for c in conditions:
+        if c.type != type:
+            out.append(c)
+            continue
+        found = True
+        when = c.last_transition_time if c.status == value else now
+        out.append(
+            Condition(type=type, status=value, reason=reason, message=message, last_transition_time=when)
+        )
+    if not found:
+        out.append(
+            Condition(type=type, status=value, reason=reason, message=message, last_transition_time=now)
+        )
+    return out
+
+
+def _whole_second(value: datetime) -> datetime:
+    """Round up to a whole second: deadlines are written as RFC 3339 at second precision."""
+    return value if value.microsecond == 0 else value.replace(microsecond=0) + timedelta(seconds=1)
+
+
+def _record(gpu: Gpu) -> LeaseDevice:
+    return LeaseDevice(node=gpu.key.node, index=gpu.key.index, model=gpu.model, tier=gpu.tier)
+
+
+def _bare(key: DeviceKey) -> LeaseDevice:
+    return LeaseDevice(node=key.node, index=key.index)
+
+
+def _phase_notes(old: GPULeaseStatus, new: GPULeaseStatus, *, action: LeaseAction) -> list[Note]:
+    if old.phase == new.phase:
+        return []
+    if new.phase is LeasePhase.IN_PROGRESS:
+        return [Note(f"{action.value}Started", new.message)]
+    if new.phase is LeasePhase.DONE:
+        return [Note(f"{action.value}Done", new.message)]
+    if new.phase is LeasePhase.FAILED:
+        return [Note(f"{action.value}Failed", new.message, EventType.WARNING)]
+    return []
+
+
+def _accept(status: GPULeaseStatus, message: str, *, now: datetime) -> GPULeaseStatus:
+    conditions = set_condition(
+        status.conditions, type=COND_ACCEPTED, status=True, reason="Accepted", message=message, now=now
+    )
+    return status.model_copy(update={"conditions": conditions})
+
+
+def _failed(lease: GPULease, message: str, *, now: datetime) -> LeasePlan:
+    cond = COND_TAGGED if lease.spec.action is LeaseAction.LEND else COND_FREED
+    status = lease.status.model_copy(
+        update={
+            "phase": LeasePhase.FAILED,
+            "message": message,
+            "conditions": set_condition(
+                lease.status.conditions, type=cond, status=False, reason="Invalid", message=message, now=now
+            ),
+        }
+    )
+    return LeasePlan(status=status, notes=tuple(_phase_notes(lease.status, status, action=lease.spec.action)))
+
+
+def _join(parts: Iterable[str]) -> str:
+    return ", ".join(p for p in parts if p)
+
+
+def _n(count: int, text: str) -> str:
+    return f"{count} {text}" if count else ""
+
+
+# --------------------------------------------------------------------------- Lend
+
+
+def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan:
+    """The next step of a Lend lease (see the module docstring). Never raises: bad input
+    becomes a Failed status with a message naming the problem."""
+    status = lease.status
+    if status.phase in FINISHED:
+        return LeasePlan(status=status)
+    spec = lease.spec
+    owner = spec.owner
+    held = view.held_by(owner)
+    new_baseline: tuple[DeviceKey, ...] | None = None
+
+    if spec.devices is not None:
+        wanted = [d.key for d in spec.devices]
+        if status.phase is LeasePhase.PENDING:
+            problems: list[str] = []
+            if len(set(wanted)) != len(wanted):
+                problems.append("spec.devices lists a GPU twice")
+            for key in wanted:
+                gpu = view.gpus.get(key)
+                if gpu is None or not gpu.present:
+                    problems.append(f"{key} is not a GPU any node agent reports")
+                elif gpu.owner not in (None, owner):
+                    problems.append(f"{key} is already lent by {gpu.owner}")
+            if problems:
+                return _failed(lease, "; ".join(problems), now=now)
+        candidates = sorted(set(wanted))
+        target = len(candidates)
+    else:
+        assert spec.count is not None  # GPULeaseSpec guarantees devices xor count
+        raw = lease.metadata.annotations.get(keys.ANN_LEND_BASELINE)
+        if raw is None:
+            baseline = tuple(sorted(k for k in held if k in view.gpus))
+            if len(baseline) < spec.count:
+                return _failed(
+                    lease,
+                    f"the owner's pods hold {len(baseline)} GPUs, fewer than spec.count={spec.count}; "
+                    "create a count Lend before the pods release their GPUs, or name spec.devices",
+                    now=now,
+                )
+            new_baseline = baseline
+        else:
+            try:
+                baseline = parse_baseline(raw)
+            except PodSpecError as exc:
+                return _failed(lease, f"annotation {keys.ANN_LEND_BASELINE}: {exc}", now=now)
+        candidates = [k for k in baseline if k not in held][: spec.count]
+        target = spec.count
+
+    if status.phase is LeasePhase.PENDING:
+        status = _accept(status, f"lending the GPUs {owner}'s pods release", now=now)
+    lent = list(status.lent)
+    lent_keys = {d.key for d in lent}
+    tags: list[TagChange] = []
+    untagged_la: list[DeviceKey] = []
+    vanished: list[DeviceKey] = []
+    foreign: list[DeviceKey] = []
+    waiting = [k for k in candidates if k in held]
+    for key in candidates:
+        if key in held:
+            continue
+        gpu = view.gpus.get(key)
+        if key in lent_keys:  # recorded before: make sure the tag is there
+            if gpu is not None and gpu.owner is None:
+                tags.append(TagChange(key, owner, leased_at=now))
+            continue
+        if gpu is None or not gpu.present:
+            vanished.append(key)
+        elif gpu.owner not in (None, owner):
+            foreign.append(key)
+        elif gpu.tier is None or gpu.tier < Tier.MA:
+            untagged_la.append(key)
+        else:
+            lent.append(_record(gpu))
+            lent_keys.add(key)
+            if gpu.owner != owner:
+                tags.append(TagChange(key, owner, leased_at=now))
+
+    released = len(candidates) - len(waiting)
+    done = not waiting and released >= target
+    chosen = set(candidates)
+    n_lent = sum(1 for d in lent if d.key in chosen)
+    message = _join(
+        [
+            f"lent {n_lent} HA/MA GPUs tagged for {owner}",
+            _n(len(untagged_la), "LA GPUs released untagged"),
+            _n(len(vanished), "GPUs vanished before tagging"),
+            _n(len(foreign), "GPUs left with another owner's tag"),
+            _n(len(waiting), "GPUs still held by the owner's pods"),
+            _n(max(0, target - len(candidates)), "GPUs not yet released by the owner's pods"),
+        ]
+    )
+    new_status = status.model_copy(
+        update={
+            "phase": LeasePhase.DONE if done else LeasePhase.IN_PROGRESS,
+            "lent": lent,
+            "message": message,
+            "conditions": set_condition(
+                status.conditions,
+                type=COND_TAGGED,
+                status=done,
+                reason=REASON_TAGGED if done else REASON_WAITING,
+                message=message,
+                now=now,
+            ),
+        }
+    )
+    return LeasePlan(
+        status=new_status,
+        baseline=new_baseline,
+        tags=tuple(tags),
+        notes=tuple(_phase_notes(status, new_status, action=LeaseAction.LEND)),
+    )
+
+
+# --------------------------------------------------------------------------- Reclaim
+
+
+def _outstanding(view: ClusterView, ledger: Ledger, owner: str) -> dict[DeviceKey, LeaseDevice]:
+    """The owner's GPUs out on loan: tagged ones, plus records whose GPUNode is gone."""
+    out: dict[DeviceKey, LeaseDevice] = {}
+    for gpu in view.tagged(owner):
+        if gpu.key in ledger.claimed:
+            continue
+        record = ledger.records.get(gpu.key)
+        # Lend-time model and tier win: the agent downgrades a failed GPU's tier at once.
+        if record is not None and ((record.model is not None and record.tier is not None) or not gpu.present):
+            out[gpu.key] = record
+        else:
+            out[gpu.key] = _record(gpu)
+    for key, record in ledger.records.items():
+        if key.node not in view.pools and key not in ledger.claimed:
+            out.setdefault(key, record)
+    return out
+
+
+def _cost(view: ClusterView, key: DeviceKey, *, owner: str) -> int:
+    gpu = view.gpus.get(key)
+    if gpu is None or gpu.failed:
+        return 3
+    if gpu.holder is None:
+        return 1
+    if gpu.holder.belongs_to(owner):
+        return 0
+    return 2 if gpu.holder.priority is Priority.LOW else 3
+
+
+def _choose_targets(lease: GPULease, view: ClusterView, *, ledger: Ledger) -> tuple[list[LeaseDevice], str]:
+    """Targets of a Pending Reclaim, or ``([], problem)``."""
+    owner = lease.spec.owner
+    outstanding = _outstanding(view, ledger, owner)
+    if lease.spec.devices is None:
+        assert lease.spec.count is not None
+        ordered = sorted(outstanding, key=lambda k: (_cost(view, k, owner=owner), k))
+        return [outstanding[k] for k in sorted(ordered[: lease.spec.count])], ""
+    held = view.held_by(owner)
+    targets: list[LeaseDevice] = []
+    problems: list[str] = []
+    seen: set[DeviceKey] = set()
+    for device in lease.spec.devices:
+        key = device.key
+        if key in seen:
+            problems.append(f"{key} is listed twice")
+            continue
+        seen.add(key)
+        gpu = view.gpus.get(key)
+        if key in ledger.claimed:
+            problems.append(f"{key} is being reclaimed by another lease of {owner}")
+        elif key in outstanding:
+            targets.append(outstanding[key])
+        elif key in ledger.records:
+            targets.append(ledger.records[key])
+        elif key in held and gpu is not None:
+            targets.append(_record(gpu))
+        else:
+            problems.append(f"{key} is not lent by {owner}")
+    if problems:
+        return [], "; ".join(problems)
+    return targets, ""
+
+
+def _pick_replacement(
+    view: ClusterView, original: LeaseDevice, *, owner: str, used: set[DeviceKey]
+) -> Gpu | None:
+    """FETCHSTANDBY(1, tier) of Algorithm 1 for one lent GPU: a free, healthy standby GPU of
+    the same model with tier >= the original's. Prefers an unaccounted GPU already tagged
+    with ``owner``, then the lowest adequate tier, then (node, index)."""
+    assert original.model is not None and original.tier is not None
+    best: tuple[int, int, DeviceKey] | None = None
+    choice: Gpu | None = None
+    for gpu in view.gpus.values():
+        if (
+            gpu.pool is not Pool.STANDBY
+            or gpu.failed
+            or gpu.holder is not None
+            or gpu.key in used
+            or gpu.model != original.model
+            or gpu.tier is None
+            or gpu.tier < original.tier
+            or gpu.owner not in (None, owner)
+        ):
+            continue
+        rank = (0 if gpu.owner == owner else 1, gpu.tier.rank, gpu.key)
+        if best is None or rank < best:
+            best, choice = rank, gpu
+    return choice
+
+
+@dataclass
+class _Progress:
+    noticed_before: frozenset[str] = frozenset()
+    reclaimed: list[LeaseDevice] = field(default_factory=list)
+    supplements: dict[DeviceKey, Supplement] = field(default_factory=dict)
+    preempted: list[str] = field(default_factory=list)
+    tags: dict[DeviceKey, TagChange] = field(default_factory=dict)
+    notices: dict[str, Notice] = field(default_factory=dict)
+    evictions: dict[str, Eviction] = field(default_factory=dict)
+    notes: list[Note] = field(default_factory=list)
+    returned: int = 0
+    waiting_owner: int = 0
+    in_grace: set[str] = field(default_factory=set)
+    blocked: set[str] = field(default_factory=set)
+    shortfall: list[str] = field(default_factory=list)
+    unresolvable: list[str] = field(default_factory=list)
+    wake: float | None = None
+
+    def tag(self, change: TagChange) -> None:
+        self.tags[change.key] = change
+
+    def wake_in(self, seconds: float) -> None:
+        self.wake = seconds if self.wake is None else min(self.wake, seconds)
+
+
+def _reclaim_target(
+    target: LeaseDevice,
+    view: ClusterView,
+    *,
+    p: _Progress,
+    owner: str,
+    grace: int,
+    used: set[DeviceKey],
+    blocked: Mapping[str, str],
+    now: datetime,
+) -> None:
+    reclaimed = {d.key for d in p.reclaimed}
+    if target.key in reclaimed:
+        p.returned += 1
+        return
+    sup = p.supplements.get(target.key)
+    current = sup.replacement.key if sup is not None else target.key
+    gpu = view.gpus.get(current)
+    if gpu is not None and gpu.holder is not None and gpu.holder.belongs_to(owner):
+        p.returned += 1
+        if sup is None:
+            p.reclaimed.append(target)
+        if gpu.owner == owner:
+            p.tag(TagChange(current, None, leased_at=None))
+        return
+    foreign_hp = gpu is not None and gpu.holder is not None and gpu.holder.priority is Priority.HIGH
+    if gpu is None or gpu.failed or foreign_hp:
+        if target.model is None or target.tier is None:
+            p.unresolvable.append(f"{target.key} (model or tier unknown)")
+            return
+        replacement = _pick_replacement(view, target, owner=owner, used=used)
+        if replacement is None:
+            p.shortfall.append(f"{target.key} ({target.model}, tier >= {target.tier.value})")
+            return
+        used.add(replacement.key)
+        why = "vanished" if gpu is None or not gpu.present else "failed" if gpu.failed else "held by a HP pod"
+        p.supplements[target.key] = Supplement(original=_bare(target.key), replacement=_record(replacement))
+        p.tag(TagChange(replacement.key, owner, leased_at=now))
+        if gpu is not None and gpu.owner == owner:
+            p.tag(TagChange(current, None, leased_at=None))
+        p.notes.append(
+            Note(
+                "Supplemented",
+                f"{current} ({why}) replaced by standby {replacement.key} "
+                f"({replacement.model}, {replacement.tier.value if replacement.tier else '?'})",
+            )
+        )
+        p.waiting_owner += 1
+        return
+    if gpu.holder is not None:  # an LP pod of another tenant: graceful reclaim
+        holder = gpu.holder
+        if gpu.owner is None:
+            p.tag(TagChange(current, owner, leased_at=now))
+        if holder.key not in p.preempted:
+            p.preempted.append(holder.key)
+        deadline = holder.deadline
+        if (
+            deadline is not None
+            and holder.key not in p.noticed_before
+            and (now - deadline).total_seconds() > grace
+        ):
+            deadline = None  # a notice left from an earlier reclaim: give a fresh grace period
+        if deadline is None:
+            notice = p.notices.get(holder.key)
+            devices = (*notice.devices, current) if notice is not None else (current,)
+            deadline = _whole_second(now + timedelta(seconds=grace))
+            p.notices[holder.key] = Notice(holder, deadline, devices=devices)
+            p.in_grace.add(holder.key)
+            p.wake_in((deadline - now).total_seconds())
+        elif now < deadline:
+            p.in_grace.add(holder.key)
+            p.wake_in(max(0.0, (deadline - now).total_seconds()))
+        else:
+            eviction = p.evictions.get(holder.key)
+            devices = (*eviction.devices, current) if eviction is not None else (current,)
+            p.evictions[holder.key] = Eviction(holder, devices)
+            if holder.key in blocked:
+                p.blocked.add(holder.key)
+        return
+    if gpu.owner is None:  # free: keep it reserved for the owner's pods
+        p.tag(TagChange(current, owner, leased_at=now))
+    p.waiting_owner += 1
+
+
+def plan_reclaim(
+    lease: GPULease,
+    view: ClusterView,
+    *,
+    ledger: Ledger,
+    now: datetime,
+    blocked: Mapping[str, str] | None = None,
+) -> LeasePlan:
+    """The next step of a Reclaim lease (see the module docstring).
+
+    ``ledger`` is the owner's history without this lease; ``blocked`` maps ``<ns>/<pod>`` to
+    the message of the last eviction a PodDisruptionBudget refused (reported in the status).
+    Never raises: bad input becomes a Failed status with a message.
+    """
+    status = lease.status
+    if status.phase in FINISHED:
+        return LeasePlan(status=status)
+    owner = lease.spec.owner
+    blocked = blocked or {}
+    if status.phase is LeasePhase.PENDING:
+        targets, problem = _choose_targets(lease, view, ledger=ledger)
+        if problem:
+            return _failed(lease, problem, now=now)
+        status = _accept(
+            status.model_copy(update={"lent": targets}), f"reclaiming {len(targets)} GPUs", now=now
+        )
+    targets = list(status.lent)
+
+    p = _Progress(
+        noticed_before=frozenset(status.preempted_pods),
+        reclaimed=list(status.reclaimed),
+        supplements={s.original.key: s for s in status.supplemented_from_standby},
+        preempted=list(status.preempted_pods),
+    )
+    used = (
+        {t.key for t in targets} | {s.replacement.key for s in p.supplements.values()} | set(ledger.claimed)
+    )
+    for target in targets:
+        _reclaim_target(
+            target,
+            view,
+            p=p,
+            owner=owner,
+            grace=lease.spec.grace_period_seconds,
+            used=used,
+            blocked=blocked,
+            now=now,
+        )
+
+    total = len(targets)
+    done = p.returned == total
+    failed = not done and p.returned + len(p.unresolvable) == total
+    if p.shortfall:
+        reason, freed = REASON_SHORTFALL, False
+    elif p.blocked:
+        reason, freed = REASON_EVICTION_BLOCKED, False
+    elif p.evictions:
+        reason, freed = REASON_EVICTING, False
+    elif p.in_grace:
+        reason, freed = REASON_GRACE, False
+    else:
+        reason, freed = REASON_FREED, True
+    supplemented = list(p.supplements.values())
+    message = _join(
+        [
+            f"{p.returned}/{total} GPUs back with {owner}",
+            _n(len(p.reclaimed), "reclaimed"),
+            _n(len(supplemented), "supplemented from standby"),
+            _n(p.waiting_owner, "free and waiting for the owner's pods"),
+            _n(len(p.in_grace), "LP pods in their grace period"),
+            _n(len(p.evictions), "LP pods being evicted"),
+            _n(len(p.blocked), "evictions refused by a PodDisruptionBudget"),
+            "no standby GPU for " + "; ".join(p.shortfall) if p.shortfall else "",
+            "cannot replace " + "; ".join(p.unresolvable) if p.unresolvable else "",
+        ]
+    )
+    cond_message = message
+    if p.blocked:
+        cond_message = "; ".join(f"{k}: {blocked[k]}" for k in sorted(p.blocked))
+    new_status = status.model_copy(
+        update={
+            "phase": LeasePhase.DONE if done else LeasePhase.FAILED if failed else LeasePhase.IN_PROGRESS,
+            "reclaimed": p.reclaimed,
+            "supplemented_from_standby": supplemented,
+            "preempted_pods": p.preempted,
+            "message": message,
+            "conditions": set_condition(
+                status.conditions, type=COND_FREED, status=freed, reason=reason, message=cond_message, now=now
+            ),
+        }
+    )
+    notes = [*p.notes, *_phase_notes(lease.status, new_status, action=LeaseAction.RECLAIM)]
+    old_reason = next((c.reason for c in lease.status.conditions if c.type == COND_FREED), None)
+    if reason != old_reason and reason in (REASON_SHORTFALL, REASON_EVICTION_BLOCKED):
+        notes.append(Note(reason, cond_message, EventType.WARNING))
+    return LeasePlan(
+        status=new_status,
+        tags=tuple(p.tags.values()),
+        notices=tuple(p.notices.values()),
+        evictions=tuple(p.evictions.values()),
+        notes=tuple(notes),
+        requeue_after=None if new_status.phase in FINISHED else p.wake,
+    )
+
+
+def plan_lease(
+    lease: GPULease,
+    view: ClusterView,
+    *,
+    ledger: Ledger,
+    now: datetime,
+    blocked: Mapping[str, str] | None = None,
+) -> LeasePlan:
+    """Dispatch on ``spec.action`` to :func:`plan_lend` or :func:`plan_reclaim`."""
+    if lease.spec.action is LeaseAction.LEND:
+        return plan_lend(lease, view, now=now)
+    return plan_reclaim(lease, view, ledger=ledger, now=now, blocked=blocked)
+
+
+# --------------------------------------------------------------------------- cluster-wide
+
+
+def plan_tag_release(view: ClusterView, *, busy: Iterable[DeviceKey] = ()) -> tuple[TagChange, ...]:
+    """Clear the tag of every GPU a pod of its tag's owner holds (it is back with the owner).
+
+    ``busy``: GPUs to leave alone (targets of unfinished leases, which clear their own tags).
+    """
+    skip = set(busy)
+    return tuple(
+        TagChange(g.key, None, leased_at=None)
+        for g in sorted(view.gpus.values(), key=lambda g: g.key)
+        if g.owner is not None and g.key not in skip and g.holder is not None and g.holder.belongs_to(g.owner)
+    )
+
+
+def spare_gpus(view: ClusterView) -> list[Gpu]:
+    """Standby GPUs ready to supplement a reclaim: healthy, free and untagged."""
+    return [
+        g
+        for g in view.gpus.values()
+        if g.pool is Pool.STANDBY and not g.failed and g.free and g.owner is None and g.tier is not None
+    ]
+
+
+def _free_node(gpus: Sequence[Gpu]) -> bool:
+    return bool(gpus) and all(g.free and g.owner is None for g in gpus) and any(not g.failed for g in gpus)
+
+
+def _model(gpus: Sequence[Gpu]) -> str:
+    models = [g.model for g in gpus if g.model is not None]
+    return max(sorted(set(models)), key=models.count) if models else ""
+
+
+def plan_standby(view: ClusterView, *, size: int) -> tuple[PoolChange, ...]:
+    """Keep the standby pool at ``size`` spare GPUs (:func:`spare_gpus`), a whole node at a time.
+
+    ``GPUNode.spec.pool`` is per node, so the pool grows by moving *whole free* general nodes
+    (every device free and untagged, at least one healthy) to standby until it holds at least
+    ``size`` spare GPUs — the model least represented in the pool first, then the node with
+    most HA, then MA GPUs, then by name — and shrinks by moving whole free standby nodes back
+    to general while it keeps at least ``size`` (lowest tiers first). ``size == 0`` leaves
+    the pool alone.
+    """
+    if size <= 0:
+        return ()
+    spare = spare_gpus(view)
+    pool_size = len(spare)
+    by_model: dict[str, int] = {}
+    for g in spare:
+        by_model[g.model or ""] = by_model.get(g.model or "", 0) + 1
+    changes: list[PoolChange] = []
+
+    def healthy(gpus: Sequence[Gpu]) -> list[Gpu]:
+        return [g for g in gpus if not g.failed and g.tier is not None]
+
+    def tiers(gpus: Sequence[Gpu]) -> tuple[int, int]:
+        return (sum(1 for g in gpus if g.tier is Tier.HA), sum(1 for g in gpus if g.tier is Tier.MA))
+
+    nodes = {name: view.node_gpus(name) for name in sorted(view.pools)}
+    if pool_size < size:
+        candidates = [
+            name for name, gpus in nodes.items() if view.pools[name] is Pool.GENERAL and _free_node(gpus)
+        ]
+        while pool_size < size and candidates:
+            best = min(
+                candidates,
+                key=lambda n: (
+                    by_model.get(_model(nodes[n]), 0),
+                    -tiers(healthy(nodes[n]))[0],
+                    -tiers(healthy(nodes[n]))[1],
+                    n,
+                ),
+            )
+            candidates.remove(best)
+            gained = len(healthy(nodes[best]))
+            changes.append(PoolChange(best, Pool.STANDBY, gpus=gained))
+            pool_size += gained
+            by_model[_model(nodes[best])] = by_model.get(_model(nodes[best]), 0) + gained
+    elif pool_size > size:
+        candidates = [
+            name for name, gpus in nodes.items() if view.pools[name] is Pool.STANDBY and _free_node(gpus)
+        ]
+        candidates.sort(key=lambda n: (tiers(healthy(nodes[n])), n))
+        for name in candidates:
+            count = len(healthy(nodes[name]))
+            if pool_size - count >= size:
+                changes.append(PoolChange(name, Pool.GENERAL, gpus=count))
+                pool_size -= count
+    return tuple(changes)

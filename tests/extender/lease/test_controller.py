@@ -1,0 +1,544 @@
+"""The lease controller against a real MemoryStore (and SqliteStore): lend, graceful reclaim,
+standby supplement, restart mid-reclaim, PodDisruptionBudgets, idempotency, standby pool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # no types-jsonschema in the test extras
+import pytest
+import yaml
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from pytest_aiohttp import AiohttpClient
+
+from extender.lease.clock import ManualClock
+from extender.lease.controller import (
+    CLUSTER_KEY,
+    LEASE_CONTROLLER,
+    LeaseController,
+    cleanup_ctx,
+    lease_key,
+    serve,
+)
+from extender.lease.view import parse_time
+from flexlease.api import keys
+from flexlease.config import LeaseSettings, Settings
+from flexlease.store.base import Kind, Store
+from flexlease.store.memory import MemoryStore
+from flexlease.store.sqlite import SqliteStore
+from tests.extender.lease.builders import gpunode, lease, pdb, pod
+
+OWNER = "online/rec"
+CRDS = Path(__file__).resolve().parents[3] / "manifests" / "crds"
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MemoryStore]:
+    s = MemoryStore()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(datetime.now(UTC).replace(microsecond=0))
+
+
+def make_settings(**lease_fields: Any) -> Settings:
+    return Settings(lease=LeaseSettings(**lease_fields))
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, within: float = 10.0) -> None:
+    """Wait (real time) until ``check()`` is true; fail after ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while not await check():
+        if loop.time() > end:
+            pytest.fail("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    store: Store, clock: ManualClock, settings: Settings | None = None
+) -> AsyncIterator[tuple[LeaseController, CollectorRegistry]]:
+    registry = CollectorRegistry()
+    controller = LeaseController(
+        settings or make_settings(), store, registry=registry, clock=clock, instance="test"
+    )
+    task = asyncio.create_task(controller.run(), name="lease-controller-under-test")
+    try:
+        await eventually(lambda: _true(controller.ready))
+        yield controller, registry
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def add_node(store: Store, obj: dict[str, Any]) -> None:
+    status = obj.pop("status")
+    created = await store.create(Kind.GPUNODE, obj)
+    await store.patch(Kind.GPUNODE, created["metadata"]["name"], {"status": status}, subresource="status")
+
+
+async def add_pod(store: Store, obj: dict[str, Any]) -> None:
+    status = obj.pop("status")
+    meta = obj["metadata"]
+    await store.create(Kind.POD, obj)
+    await store.patch(
+        Kind.POD, meta["name"], {"status": status}, namespace=meta["namespace"], subresource="status"
+    )
+
+
+async def add_lease(store: Store, obj: dict[str, Any]) -> None:
+    obj["metadata"].pop("creationTimestamp", None)
+    await store.create(Kind.GPULEASE, obj)
+
+
+async def get_lease(store: Store, name: str) -> dict[str, Any]:
+    return await store.get(Kind.GPULEASE, name, namespace="online")
+
+
+def phase_is(store: Store, name: str, phase: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return bool((await get_lease(store, name)).get("status", {}).get("phase") == phase)
+
+    return check
+
+
+async def tags(store: Store, node: str) -> dict[int, str | None]:
+    obj = await store.get(Kind.GPUNODE, node)
+    return {int(i): d.get("owner") for i, d in (obj["spec"].get("devices") or {}).items() if d.get("owner")}
+
+
+async def pod_names(store: Store, namespace: str = "lp") -> set[str]:
+    return {p["metadata"]["name"] for p in (await store.list(Kind.POD, namespace=namespace)).items}
+
+
+async def events(store: Store) -> list[dict[str, Any]]:
+    return (await store.list(Kind.EVENT)).items
+
+
+def reasons(evts: list[dict[str, Any]], kind: str | None = None) -> list[str]:
+    return [e["reason"] for e in evts if kind is None or e["involvedObject"]["kind"] == kind]
+
+
+def sample(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
+    value = registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+async def lend_four(store: Store) -> None:
+    """The online job held n1:0-3, scaled down, and lent them (all HA)."""
+    await add_lease(store, lease("lend", "Lend", devices=[("n1", i) for i in range(4)]))
+    await eventually(phase_is(store, "lend", "Done"))
+    assert await tags(store, "n1") == {i: OWNER for i in range(4)}
+
+
+async def bind_owner(store: Store, name: str, node: str, indices: list[int]) -> None:
+    await add_pod(store, pod(name, node, indices, namespace="online", priority="high", owner=OWNER))
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    await add_node(store, gpunode("n1", ["HA", "HA", "HA", "MA", "LA", "HA", "HA", "HA"]))
+    async with running(store, clock) as (_, registry):
+        await add_lease(store, lease("lend", "Lend", devices=[("n1", i) for i in range(5)]))
+        await eventually(phase_is(store, "lend", "Done"))
+        assert await tags(store, "n1") == {0: OWNER, 1: OWNER, 2: OWNER, 3: OWNER}  # LA n1/4 untagged
+        status = (await get_lease(store, "lend"))["status"]
+        assert [(d["index"], d["tier"]) for d in status["lent"]] == [
+            (0, "HA"),
+            (1, "HA"),
+            (2, "HA"),
+            (3, "MA"),
+        ]
+        await eventually(
+            lambda: _true(
+                sample(registry, "flexlease_lease_lent_gpus", {"model": "NVIDIA H20", "tier": "HA"}) == 3
+            )
+        )
+
+        # LP tenants use the lent GPUs
+        await add_pod(store, pod("lp-a", "n1", [0, 1]))
+        await add_pod(store, pod("lp-b", "n1", [2]))
+        await add_pod(store, pod("lp-c", "n1", [5]))  # untagged GPU: left alone
+
+        await add_lease(store, lease("reclaim", "Reclaim", count=4, grace=45))
+        deadline = clock.now() + timedelta(seconds=45)
+
+        async def noticed() -> bool:
+            pods = (await store.list(Kind.POD, namespace="lp")).items
+            marks = {
+                p["metadata"]["name"]: p["metadata"]["annotations"].get(keys.ANN_PREEMPT_DEADLINE)
+                for p in pods
+            }
+            return marks["lp-a"] is not None and marks["lp-b"] is not None
+
+        await eventually(noticed)
+        lp = {p["metadata"]["name"]: p for p in (await store.list(Kind.POD, namespace="lp")).items}
+        assert parse_time(lp["lp-a"]["metadata"]["annotations"][keys.ANN_PREEMPT_DEADLINE]) == deadline
+        assert keys.ANN_PREEMPT_DEADLINE not in lp["lp-c"]["metadata"]["annotations"]
+        notices = [e for e in await events(store) if e["reason"] == "PreemptNotice"]
+        assert sorted(e["involvedObject"]["name"] for e in notices) == ["lp-a", "lp-b"]
+        assert all(e["type"] == "Warning" and e["count"] == 1 and e["source"]["component"] for e in notices)
+        status = (await get_lease(store, "reclaim"))["status"]
+        assert status["phase"] == "InProgress" and status["preemptedPods"] == ["lp/lp-a", "lp/lp-b"]
+        assert sample(registry, "flexlease_lease_outstanding_reclaims") == 1
+
+        clock.advance(44)
+        await asyncio.sleep(0.05)
+        assert await pod_names(store) == {"lp-a", "lp-b", "lp-c"}  # still in the grace period
+        clock.advance(1)
+        await eventually(lambda: _pods_are(store, {"lp-c"}))
+        assert sample(registry, "flexlease_lease_evictions_total") == 2
+
+        async def freed() -> bool:
+            conds = (await get_lease(store, "reclaim"))["status"].get("conditions", [])
+            return any(c["type"] == "GPUsFreed" and c["status"] == "True" for c in conds)
+
+        await eventually(freed)
+        assert await tags(store, "n1") == {i: OWNER for i in range(4)}  # still reserved for the owner
+
+        clock.advance(20)
+        await bind_owner(store, "rec-0", "n1", [0, 1, 2, 3])
+        await eventually(phase_is(store, "reclaim", "Done"))
+        status = (await get_lease(store, "reclaim"))["status"]
+        assert [d["index"] for d in status["reclaimed"]] == [0, 1, 2, 3]
+        await eventually(lambda: _tags_are(store, "n1", {}))
+        assert sample(registry, "flexlease_lease_reclaim_duration_seconds_count") == 1
+        assert sample(registry, "flexlease_lease_reclaim_duration_seconds_sum") >= 65
+        lease_events = reasons(await events(store), "GPULease")
+        assert lease_events.count("ReclaimDone") == 1 and "ReclaimStarted" in lease_events
+
+
+async def _pods_are(store: Store, names: set[str]) -> bool:
+    return await pod_names(store) == names
+
+
+async def _tags_are(store: Store, node: str, want: dict[int, str]) -> bool:
+    return await tags(store, node) == want
+
+
+async def test_failed_gpu_is_supplemented_from_standby(store: MemoryStore, clock: ManualClock) -> None:
+    await add_node(store, gpunode("n1"))
+    await add_node(store, gpunode("s1", ["MA", "MA", "HA", "HA", "HA", "HA", "HA", "HA"], pool="standby"))
+    await add_node(store, gpunode("s2", "HA", model="NVIDIA A100-SXM4-80GB", pool="standby"))
+    async with running(store, clock) as (_, registry):
+        await lend_four(store)
+        # the node agent reports n1/2 failed (and downgrades its tier at once)
+        await store.patch(
+            Kind.GPUNODE,
+            "n1",
+            {"status": {"devices": {"2": {"health": "Unhealthy", "tier": "LA", "lastXid": 79}}}},
+            subresource="status",
+        )
+        await add_lease(store, lease("reclaim", "Reclaim", count=4))
+
+        async def supplemented() -> bool:
+            return bool((await get_lease(store, "reclaim")).get("status", {}).get("supplementedFromStandby"))
+
+        await eventually(supplemented)
+        [sup] = (await get_lease(store, "reclaim"))["status"]["supplementedFromStandby"]
+        assert sup["original"] == {"node": "n1", "index": 2}
+        # same type, tier >= HA (the lend-time tier), not the cheaper MA ones
+        assert (sup["replacement"]["node"], sup["replacement"]["index"], sup["replacement"]["tier"]) == (
+            "s1",
+            2,
+            "HA",
+        )
+        assert await tags(store, "s1") == {2: OWNER}
+        assert await tags(store, "n1") == {0: OWNER, 1: OWNER, 3: OWNER}
+        assert "Supplemented" in reasons(await events(store), "GPULease")
+        assert sample(registry, "flexlease_lease_standby_supplements_total") == 1
+
+        await bind_owner(store, "rec-0", "n1", [0, 1, 3])
+        await bind_owner(store, "rec-1", "s1", [2])
+        await eventually(phase_is(store, "reclaim", "Done"))
+        await eventually(lambda: _tags_are(store, "s1", {}))
+
+
+async def test_restarted_controller_finishes_a_reclaim_mid_grace_period(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    await add_node(store, gpunode("n1"))
+    async with running(store, clock):
+        await lend_four(store)
+        await add_pod(store, pod("lp-a", "n1", [0, 1, 2, 3]))
+        await add_lease(store, lease("reclaim", "Reclaim", count=4, grace=30))
+
+        async def noticed() -> bool:
+            p = await store.get(Kind.POD, "lp-a", namespace="lp")
+            return keys.ANN_PREEMPT_DEADLINE in p["metadata"]["annotations"]
+
+        await eventually(noticed)
+    first = (await store.get(Kind.POD, "lp-a", namespace="lp"))["metadata"]["annotations"][
+        keys.ANN_PREEMPT_DEADLINE
+    ]
+    notices_before = reasons(await events(store)).count("PreemptNotice")
+
+    clock.advance(31)  # the grace period ends while no controller runs
+    async with running(store, clock):  # a new process: nothing in memory
+        await eventually(lambda: _pods_are(store, set()))
+        await bind_owner(store, "rec-0", "n1", [0, 1, 2, 3])
+        await eventually(phase_is(store, "reclaim", "Done"))
+    assert reasons(await events(store)).count("PreemptNotice") == notices_before == 1  # not noticed twice
+    assert first  # the deadline written before the restart was the one honoured
+    status = (await get_lease(store, "reclaim"))["status"]
+    assert status["preemptedPods"] == ["lp/lp-a"] and len(status["reclaimed"]) == 4
+
+
+async def test_a_pdb_delays_the_eviction_until_it_allows_it(store: MemoryStore, clock: ManualClock) -> None:
+    await add_node(store, gpunode("n1"))
+    async with running(store, clock, make_settings(eviction_retry_seconds=5)) as (_, registry):
+        await lend_four(store)
+        await add_pod(store, pod("lp-a", "n1", [0], labels={"app": "batch"}))
+        await store.create(Kind.PDB, pdb("batch", namespace="lp", match={"app": "batch"}, allowed=0))
+        await add_lease(store, lease("reclaim", "Reclaim", devices=[("n1", 0)], grace=30))
+        await eventually(lambda: _has_reason(store, "PreemptNotice"))
+        clock.advance(30)
+
+        async def blocked() -> bool:
+            conds = (await get_lease(store, "reclaim"))["status"].get("conditions", [])
+            return any(c["reason"] == "EvictionBlocked" for c in conds)
+
+        await eventually(blocked)
+        assert await pod_names(store) == {"lp-a"}
+        assert sample(registry, "flexlease_lease_evictions_refused_total") >= 1
+        assert "EvictionBlocked" in reasons(await events(store), "Pod")
+        status = (await get_lease(store, "reclaim"))["status"]
+        assert "refused by a PodDisruptionBudget" in status["message"]
+
+        refused = sample(registry, "flexlease_lease_evictions_refused_total")
+        clock.advance(5)  # retried, refused again
+        await eventually(lambda: _true(sample(registry, "flexlease_lease_evictions_refused_total") > refused))
+        assert reasons(await events(store), "Pod").count("EvictionBlocked") == 1  # warned once
+
+        await store.patch(Kind.PDB, "batch", {"status": {"disruptionsAllowed": 1}}, namespace="lp")
+        clock.advance(5)
+        await eventually(lambda: _pods_are(store, set()))
+        await bind_owner(store, "rec-0", "n1", [0])
+        await eventually(phase_is(store, "reclaim", "Done"))
+
+
+async def _has_reason(store: Store, reason: str) -> bool:
+    return reason in reasons(await events(store))
+
+
+async def test_repeated_reconciles_write_nothing_new(store: MemoryStore, clock: ManualClock) -> None:
+    await add_node(store, gpunode("n1"))
+    async with running(store, clock) as (controller, _):
+        await lend_four(store)
+        await add_pod(store, pod("lp-a", "n1", [0]))
+        await add_lease(store, lease("reclaim", "Reclaim", count=4))
+        await eventually(lambda: _has_reason(store, "PreemptNotice"))
+        await asyncio.sleep(0.05)
+        revision = store.revision
+        n_events = len(await events(store))
+        for _ in range(3):
+            for key in (lease_key("online", "reclaim"), lease_key("online", "lend"), CLUSTER_KEY):
+                await controller.reconcile(key)
+        assert store.revision == revision and len(await events(store)) == n_events
+
+
+async def test_invalid_lease_fails_with_a_message(store: MemoryStore, clock: ManualClock) -> None:
+    async with running(store, clock):
+        bad = lease("bad", "Reclaim", count=1)
+        bad["spec"]["gracePeriodSeconds"] = 5
+        await add_lease(store, bad)
+        await eventually(phase_is(store, "bad", "Failed"))
+        status = (await get_lease(store, "bad"))["status"]
+        assert "gracePeriodSeconds" in status["message"]
+        assert "InvalidSpec" in reasons(await events(store))
+
+
+async def test_standby_pool_is_kept_at_its_size_with_whole_free_nodes(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    await add_node(store, gpunode("busy"))
+    await add_node(store, gpunode("free-la", "LA"))
+    await add_node(store, gpunode("free-ha", "HA"))
+    await add_pod(store, pod("lp-a", "busy", [0]))
+    async with running(store, clock, make_settings(standby_pool_size=8)) as (_, registry):
+
+        async def pool_of(node: str) -> str:
+            return str((await store.get(Kind.GPUNODE, node))["spec"]["pool"])
+
+        async def standby_ready() -> bool:
+            return await pool_of("free-ha") == "standby"
+
+        await eventually(standby_ready)
+        assert await pool_of("free-la") == "general" and await pool_of("busy") == "general"
+        await eventually(
+            lambda: _true(
+                sample(registry, "flexlease_lease_standby_gpus", {"model": "NVIDIA H20", "tier": "HA"}) == 8
+            )
+        )
+        assert "StandbyPool" in reasons(await events(store), "GPUNode")
+
+
+async def test_lend_and_reclaim_on_sqlite(tmp_path: Path, clock: ManualClock) -> None:
+    sqlite = SqliteStore(tmp_path / "state.db", poll_seconds=0.01)
+    try:
+        await add_node(sqlite, gpunode("n1"))
+        async with running(sqlite, clock):
+            await lend_four(sqlite)
+            await add_pod(sqlite, pod("lp-a", "n1", [1]))
+            await add_lease(sqlite, lease("reclaim", "Reclaim", count=4, grace=30))
+            await eventually(lambda: _has_reason(sqlite, "PreemptNotice"))
+            clock.advance(30)
+            await eventually(lambda: _pods_are(sqlite, set()))
+            await bind_owner(sqlite, "rec-0", "n1", [0, 1, 2, 3])
+            await eventually(phase_is(sqlite, "reclaim", "Done"))
+    finally:
+        await sqlite.close()
+
+
+async def test_cleanup_ctx_runs_the_controller_for_the_apps_lifetime(
+    aiohttp_client: AiohttpClient, store: MemoryStore, clock: ManualClock
+) -> None:
+    await add_node(store, gpunode("n1"))
+    app = web.Application()
+    app.cleanup_ctx.append(cleanup_ctx(make_settings(), store, registry=CollectorRegistry(), clock=clock))
+    client = await aiohttp_client(app)
+    controller = app[LEASE_CONTROLLER]
+    await eventually(lambda: _true(controller.ready))
+    await lend_four(store)
+    await client.close()
+    tasks = [t.get_name() for t in asyncio.all_tasks()]
+    assert "lease-controller" not in tasks
+
+
+async def test_cleanup_ctx_runs_nothing_when_disabled(
+    aiohttp_client: AiohttpClient, store: MemoryStore
+) -> None:
+    app = web.Application()
+    app.cleanup_ctx.append(cleanup_ctx(make_settings(enabled=False), store, registry=CollectorRegistry()))
+    client = await aiohttp_client(app)
+    assert LEASE_CONTROLLER not in app
+    await client.close()
+
+
+def _structural(node: Any) -> Any:
+    """CRD structural schema → JSON Schema (``nullable: true`` → ``type: [T, "null"]``)."""
+    if isinstance(node, list):
+        return [_structural(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _structural(v) for k, v in node.items() if k != "nullable"}
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def _pruned(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields the API server would drop (structural pruning: not declared in the schema)."""
+    if isinstance(obj, dict) and "properties" in schema:
+        out = [f"{path}.{k}" for k in obj if k not in schema["properties"] and path != ".metadata"]
+        for k, v in obj.items():
+            if k in schema["properties"] and k != "metadata":
+                out += _pruned(v, schema["properties"][k], f"{path}.{k}")
+        return out
+    if isinstance(obj, dict) and isinstance(schema.get("additionalProperties"), dict):
+        return [p for k, v in obj.items() for p in _pruned(v, schema["additionalProperties"], f"{path}.{k}")]
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [p for i, v in enumerate(obj) for p in _pruned(v, schema["items"], f"{path}[{i}]")]
+    return []
+
+
+def _crd_schema(file: str) -> dict[str, Any]:
+    crd = yaml.safe_load((CRDS / file).read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert isinstance(schema, dict)
+    return schema
+
+
+async def test_what_the_controller_writes_passes_the_crd_schemas_unpruned(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    await add_node(store, gpunode("n1"))
+    await add_node(store, gpunode("s1", pool="standby"))
+    async with running(store, clock):
+        await lend_four(store)
+        await add_pod(store, pod("lp-a", "n1", [0]))
+        await store.patch(
+            Kind.GPUNODE, "n1", {"status": {"devices": {"3": {"health": "Unhealthy"}}}}, subresource="status"
+        )
+        await add_lease(store, lease("reclaim", "Reclaim", count=4))
+
+        async def progressed() -> bool:
+            status = (await get_lease(store, "reclaim")).get("status", {})
+            return bool(status.get("supplementedFromStandby")) and bool(status.get("preemptedPods"))
+
+        await eventually(progressed)
+    for file, kind in (("gpuleases.yaml", Kind.GPULEASE), ("gpunodes.yaml", Kind.GPUNODE)):
+        schema = _crd_schema(file)
+        for obj in (await store.list(kind)).items:
+            jsonschema.validate(obj, _structural(schema))
+            assert _pruned(obj, schema) == []
+
+
+async def test_with_leader_election_only_the_leader_reconciles_and_a_successor_takes_over(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    settings = make_settings(leader_election=True, leader_lease_seconds=1.5)
+    await add_node(store, gpunode("n1"))
+    a = LeaseController(settings, store, registry=CollectorRegistry(), clock=clock, instance="a")
+    b = LeaseController(settings, store, registry=CollectorRegistry(), clock=clock, instance="b")
+    task_a = asyncio.create_task(serve(a, settings, store=store, instance="a"), name="serve-a")
+    await eventually(lambda: _true(a.ready))
+    task_b = asyncio.create_task(serve(b, settings, store=store, instance="b"), name="serve-b")
+    try:
+        await lend_four(store)
+        assert not b.ready  # never started: not the leader
+        task_a.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task_a  # releases the Lease
+        await eventually(lambda: _true(b.ready))
+        await add_lease(store, lease("reclaim", "Reclaim", count=4))
+        await bind_owner(store, "rec-0", "n1", [0, 1, 2, 3])
+        await eventually(phase_is(store, "reclaim", "Done"))
+        held = await store.get(Kind.LEASE, "flexlease-extender", namespace="flexlease-system")
+        assert held["spec"]["holderIdentity"] == "b"
+    finally:
+        for task in (task_a, task_b):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def test_gpus_of_a_vanished_gpunode_are_supplemented_from_the_lend_record(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    await add_node(store, gpunode("n1"))
+    await add_node(store, gpunode("s1", ["MA", "MA", "HA", "HA", "HA", "HA", "HA", "HA"], pool="standby"))
+    async with running(store, clock):
+        await lend_four(store)
+        await store.delete(Kind.GPUNODE, "n1")  # the node is decommissioned while lent
+        await add_lease(store, lease("reclaim", "Reclaim", count=4))
+
+        async def four_supplements() -> bool:
+            status = (await get_lease(store, "reclaim")).get("status", {})
+            return len(status.get("supplementedFromStandby", [])) == 4
+
+        await eventually(four_supplements)
+        status = (await get_lease(store, "reclaim"))["status"]
+        replacements = sorted(s["replacement"]["index"] for s in status["supplementedFromStandby"])
+        assert replacements == [2, 3, 4, 5]  # HA, like the originals at lend time; never the MA ones
+        await bind_owner(store, "rec-0", "s1", [2, 3, 4, 5])
+        await eventually(phase_is(store, "reclaim", "Done"))

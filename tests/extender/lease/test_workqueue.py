@@ -1,0 +1,60 @@
+"""The rate-limited work queue (extender/lease/workqueue.py) on a manual clock."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from extender.lease.clock import ManualClock
+from extender.lease.workqueue import WorkQueue
+
+
+def make() -> tuple[WorkQueue, ManualClock]:
+    clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
+    return WorkQueue(clock, base_delay=1.0, max_delay=8.0), clock
+
+
+async def test_duplicates_collapse_and_order_is_kept() -> None:
+    queue, _ = make()
+    for key in ("a", "b", "a", "c", "b"):
+        queue.add(key)
+    assert len(queue) == 3
+    assert [await queue.get() for _ in range(3)] == ["a", "b", "c"]
+
+
+async def test_a_key_added_while_active_is_queued_again_after_done() -> None:
+    queue, _ = make()
+    queue.add("a")
+    assert await queue.get() == "a"
+    queue.add("a")
+    assert len(queue) == 0  # never handed out twice at once
+    queue.done("a")
+    assert await queue.get() == "a"
+
+
+async def test_add_after_waits_for_clock_time() -> None:
+    queue, clock = make()
+    queue.add_after("a", 10)
+    queue.add_after("a", 30)  # the earliest wins
+    getter = asyncio.create_task(queue.get(), name="get")
+    await asyncio.sleep(0.01)
+    clock.advance(9)
+    await asyncio.sleep(0.01)
+    assert not getter.done()
+    clock.advance(1)
+    assert await asyncio.wait_for(getter, 1) == "a"
+
+
+async def test_failures_back_off_exponentially_up_to_the_cap_until_forgotten() -> None:
+    queue, _ = make()
+    assert [queue.fail("a") for _ in range(6)] == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert queue.failures("a") == 6
+    queue.forget("a")
+    assert queue.fail("a") == 1.0
+
+
+def test_bad_delays_are_refused() -> None:
+    with pytest.raises(ValueError, match="base_delay"):
+        WorkQueue(ManualClock(datetime(2026, 1, 1, tzinfo=UTC)), base_delay=2.0, max_delay=1.0)
