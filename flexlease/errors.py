@@ -9,6 +9,8 @@
     ├── BackendError          a node backend failed
     │   ├── NvmlError
     │   └── CriError
+    │       ├── CriUnavailable   containerd unreachable or restarting (transient)
+    │       └── CriNotFound      the sandbox/container/image does not exist
     └── RequestError          bad input from a caller (HTTP 400)
         └── PodSpecError      a pod's flexlease labels/annotations/GPU quantities are malformed
 
@@ -74,6 +76,15 @@ class NvmlError(BackendError):
 
 class CriError(BackendError):
     """A CRI RuntimeService/ImageService call failed or containerd is unreachable."""
+
+
+class CriUnavailable(CriError):
+    """containerd is unreachable, restarting or did not answer in time (gRPC UNAVAILABLE,
+    DEADLINE_EXCEEDED): transient, retry later."""
+
+
+class CriNotFound(CriError):
+    """The runtime has no such sandbox, container or image (gRPC NOT_FOUND)."""
 
 
 class RequestError(FlexleaseError):

@@ -1,0 +1,360 @@
+"""The hot-restart controller: watches this node's pods and reconciles their
+``flexlease.io/hot-restart`` requests (WeFlex §3.3, "Transforming K8s for In-Situ Restart").
+
+Level-triggered (OpenKruise's ``containerrecreate`` daemon controller): an informer over the
+pods with ``spec.nodeName`` = this node only enqueues keys; :meth:`HotRestartController.reconcile`
+re-reads the pod from the store, reads the pod's sandbox and containers from CRI, asks
+:func:`~nodeagent.hotrestart.decide.decide`, and writes the outcome to
+``flexlease.io/hot-restart-status`` with a JSON merge patch of the pod's annotations.
+
+Write order makes every step resumable: ``InProgress`` (with the container being replaced)
+is written before anything is touched; the final status after. When containerd is
+unavailable (``CriUnavailable``) or a store write fails, the key is retried with back-off;
+the next reconcile resumes from what CRI shows, and a final status whose write failed is
+kept in memory and written again without redoing the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from flexlease import errors
+from flexlease.api import keys
+from flexlease.logging import ctx
+from flexlease.store.base import EventType, JsonObj, Kind, Selector, Store, WatchEvent
+from flexlease.store.informer import Backoff, Informer, ObjectKey, object_key
+from nodeagent.cri.client import LABEL_POD_UID, ContainerState, RuntimeService, SandboxState
+from nodeagent.hotrestart.decide import Adopt, Fail, Restart, RuntimeView, Skip, decide
+from nodeagent.hotrestart.model import (
+    HotRestartRequest,
+    HotRestartStatus,
+    Phase,
+    Strategy,
+    parse_request,
+    parse_status,
+)
+from nodeagent.hotrestart.queue import WorkQueue
+from nodeagent.hotrestart.restarter import HotRestarter, Outcome
+
+log = logging.getLogger(__name__)
+
+_STATUS_WRITE_ATTEMPTS = 3
+
+HOT_RESTARTS: Final = "flexlease_hot_restarts"
+HOT_RESTART_SECONDS: Final = "flexlease_hot_restart_seconds"
+
+
+class HotRestartMetrics:
+    """Hot-restart outcomes and durations (prefix ``flexlease_``, injected registry):
+    ``flexlease_hot_restarts_total{outcome=succeeded|failed}`` and
+    ``flexlease_hot_restart_seconds{step=pull|stop|start|total}``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.restarts = Counter(HOT_RESTARTS, "Hot restarts by outcome.", ["outcome"], registry=registry)
+        for outcome in ("succeeded", "failed"):
+            self.restarts.labels(outcome=outcome)
+        self.seconds = Histogram(
+            HOT_RESTART_SECONDS,
+            "Hot restart durations by step (pull, stop, start) and in total, seconds.",
+            ["step"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=registry,
+        )
+        for step in ("pull", "stop", "start", "total"):
+            self.seconds.labels(step=step)
+
+    def observe(self, outcome: Outcome) -> None:
+        self.restarts.labels(outcome="succeeded" if outcome.succeeded else "failed").inc()
+        t = outcome.timings
+        for step, value in (
+            ("pull", t.pull),
+            ("stop", t.stop),
+            ("start", t.start),
+            ("total", outcome.total_seconds),
+        ):
+            self.seconds.labels(step=step).observe(value)
+
+
+RETRY_BACKOFF = Backoff(initial=0.5, maximum=30.0)
+
+
+def _annotations(pod: JsonObj) -> dict[str, str]:
+    return dict((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def pending_request(pod: JsonObj) -> bool:
+    """Whether the pod carries a hot-restart request without a final status for its id
+    (cheap pre-check on watch events; reconcile decides for real)."""
+    ann = _annotations(pod)
+    raw = ann.get(keys.ANN_HOT_RESTART)
+    if not raw:
+        return False
+    try:
+        request = parse_request(raw)
+    except errors.PodSpecError:
+        status = parse_status(ann.get(keys.ANN_HOT_RESTART_STATUS))
+        return status is None or status.id != ""
+    status = parse_status(ann.get(keys.ANN_HOT_RESTART_STATUS))
+    return status is None or status.id != request.id or not status.phase.final
+
+
+class HotRestartController:
+    """Reconciles hot-restart requests of the pods bound to ``node``.
+
+    ``workers``: reconciles running at once (different pods). ``backoff``: retry delays for
+    keys whose reconcile hit an unavailable runtime or a failed store write.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        runtime: RuntimeService,
+        restarter: HotRestarter,
+        *,
+        node: str,
+        default_strategy: Strategy,
+        workers: int = 4,
+        backoff: Backoff = RETRY_BACKOFF,
+        metrics: HotRestartMetrics | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if not node:
+            raise errors.RequestError("the hot-restart controller needs the node name")
+        self._store = store
+        self._runtime = runtime
+        self._restarter = restarter
+        self.node = node
+        self._strategy = default_strategy
+        self._workers = workers
+        self._backoff = backoff
+        self._now = now
+        self._metrics = metrics
+        self._queue: WorkQueue[ObjectKey] = WorkQueue()
+        self._failures: dict[ObjectKey, int] = {}
+        self._unwritten: dict[ObjectKey, HotRestartStatus] = {}
+        self._informer = Informer(
+            store,
+            Kind.POD,
+            handler=self._on_event,
+            selector=Selector(fields={"spec.nodeName": node}),
+            name=f"hotrestart-pods:{node}",
+        )
+
+    @property
+    def listed(self) -> asyncio.Event:
+        """Set once this node's pods have been listed."""
+        return self._informer.listed
+
+    def ready(self) -> bool:
+        """Ready once this node's pods have been listed."""
+        return self._informer.listed.is_set()
+
+    async def run(self) -> None:
+        """Watch and reconcile until cancelled."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._informer.run(), name=self._informer.name)
+                for i in range(self._workers):
+                    tg.create_task(self._work(), name=f"hotrestart-worker-{i}")
+        finally:
+            self._queue.close()
+
+    async def _on_event(self, event: WatchEvent) -> None:
+        key = object_key(event.object)
+        if event.type is EventType.DELETED:
+            self._failures.pop(key, None)
+            self._unwritten.pop(key, None)
+            return
+        if pending_request(event.object):
+            self._queue.add(key)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self._queue.get()
+            try:
+                await self.reconcile(*key)
+            except (errors.CriUnavailable, errors.StoreError) as exc:
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = self._backoff.delay(failures)
+                log.warning(
+                    "hot restart reconcile failed; retrying",
+                    extra=ctx(pod="/".join(key), node=self.node, error=str(exc), retry_in=round(delay, 2)),
+                )
+                self._queue.add_after(key, delay)
+            else:
+                self._failures.pop(key, None)
+            finally:
+                self._queue.done(key)
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        """Bring one pod's hot-restart status up to date with its request (idempotent).
+        Raises ``CriUnavailable`` or ``StoreError`` when it should be retried."""
+        key = (namespace, name)
+        pod_name = f"{namespace}/{name}"
+        try:
+            pod = await self._store.get(Kind.POD, name, namespace=namespace)
+        except errors.NotFound:
+            self._unwritten.pop(key, None)
+            return
+        if (pod.get("spec") or {}).get("nodeName") != self.node:
+            return
+        ann = _annotations(pod)
+        raw = ann.get(keys.ANN_HOT_RESTART)
+        if not raw:
+            return
+        status = parse_status(ann.get(keys.ANN_HOT_RESTART_STATUS))
+        try:
+            request = parse_request(raw)
+        except errors.PodSpecError as exc:
+            if status is None or status.id != "" or status.message != str(exc):
+                bad = HotRestartStatus(
+                    id="",
+                    phase=Phase.FAILED,
+                    strategy=self._strategy,
+                    container="",
+                    image="",
+                    node=self.node,
+                    message=str(exc),
+                    finished_at=self._now(),
+                )
+                await self._write(namespace, name, bad)
+                log.warning("malformed hot-restart request", extra=ctx(pod=pod_name, error=str(exc)))
+            return
+
+        unwritten = self._unwritten.get(key)
+        if unwritten is not None and unwritten.id == request.id:
+            await self._write(namespace, name, unwritten)
+            self._unwritten.pop(key, None)
+            return
+        if status is not None and status.id == request.id and status.phase.final:
+            return
+
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        view = await self._view(uid, request.container)
+        decision = decide(request, status, view, default_strategy=self._strategy)
+        base = self._base_status(request, status, view)
+        if isinstance(decision, Skip):
+            return
+        if isinstance(decision, Fail):
+            log.warning("hot restart refused", extra=ctx(pod=pod_name, reason=decision.message))
+            failed = base.model_copy(
+                update={"phase": Phase.FAILED, "message": decision.message, "finished_at": self._now()}
+            )
+            await self._write(namespace, name, failed)
+            return
+        if isinstance(decision, Adopt):
+            adopted = base.model_copy(
+                update={
+                    "phase": Phase.SUCCEEDED,
+                    "container_id": decision.container.id,
+                    "attempt": decision.container.attempt,
+                    "message": "the replacement was already running (resumed after an interruption)",
+                    "finished_at": self._now(),
+                }
+            )
+            await self._write(namespace, name, adopted)
+            log.info("hot restart adopted", extra=ctx(pod=pod_name, container_id=decision.container.id))
+            return
+        await self._restart(key, decision, base, pod_name=pod_name)
+
+    async def _restart(self, key: ObjectKey, plan: Restart, base: HotRestartStatus, *, pod_name: str) -> None:
+        in_progress = base.model_copy(
+            update={
+                "phase": Phase.IN_PROGRESS,
+                "strategy": plan.strategy,
+                "previous_container_id": base.previous_container_id or plan.old.id,
+                "previous_attempt": base.previous_attempt
+                if base.previous_attempt is not None
+                else plan.old.attempt,
+                "attempt": plan.attempt,
+                "started_at": base.started_at or self._now(),
+                "message": None,
+            }
+        )
+        await self._write(*key, in_progress)  # nothing is touched unless this write succeeded
+        outcome = await self._restarter.execute(plan, pod=pod_name)
+        if self._metrics is not None:
+            self._metrics.observe(outcome)
+        final = self._final(in_progress, outcome)
+        self._unwritten[key] = final
+        await self._write(*key, final)
+        self._unwritten.pop(key, None)
+
+    def _final(self, in_progress: HotRestartStatus, outcome: Outcome) -> HotRestartStatus:
+        return in_progress.model_copy(
+            update={
+                "phase": Phase.SUCCEEDED if outcome.succeeded else Phase.FAILED,
+                "container_id": outcome.container_id,
+                "attempt": outcome.attempt if outcome.attempt is not None else in_progress.attempt,
+                "image_cached": outcome.image_cached,
+                "pull_seconds": round(outcome.timings.pull, 4),
+                "stop_seconds": round(outcome.timings.stop, 4),
+                "start_seconds": round(outcome.timings.start, 4),
+                "total_seconds": round(outcome.total_seconds, 4),
+                "message": outcome.message or None,
+                "finished_at": self._now(),
+            }
+        )
+
+    def _base_status(
+        self, request: HotRestartRequest, status: HotRestartStatus | None, view: RuntimeView
+    ) -> HotRestartStatus:
+        ours = status if status is not None and status.id == request.id else None
+        sandbox = view.sandbox
+        return HotRestartStatus(
+            id=request.id,
+            phase=Phase.IN_PROGRESS,
+            strategy=request.strategy or (ours.strategy if ours is not None else self._strategy),
+            container=request.container,
+            image=request.image,
+            node=self.node,
+            sandbox_id=sandbox.id if sandbox is not None else None,
+            pod_ip=sandbox.ip if sandbox is not None else None,
+            previous_container_id=ours.previous_container_id if ours is not None else None,
+            previous_attempt=ours.previous_attempt if ours is not None else None,
+            started_at=ours.started_at if ours is not None else None,
+        )
+
+    async def _view(self, pod_uid: str, container: str) -> RuntimeView:
+        sandboxes = await self._runtime.list_pod_sandboxes(
+            labels={LABEL_POD_UID: pod_uid}, state=SandboxState.READY
+        )
+        if not sandboxes:
+            return RuntimeView(None, ())
+        newest = max(sandboxes, key=lambda s: s.created_at_ns)
+        sandbox = await self._runtime.pod_sandbox_status(newest.id)
+        listed = [
+            c for c in await self._runtime.list_containers(sandbox_id=sandbox.id) if c.name == container
+        ]
+        detailed = []
+        for listed_container in listed:
+            c = listed_container
+            if c.state is ContainerState.EXITED:  # ListContainers omits the exit details
+                try:
+                    c = await self._runtime.container_status(c.id)
+                except errors.CriNotFound:
+                    continue
+            detailed.append(c)
+        return RuntimeView(sandbox, tuple(detailed))
+
+    async def _write(self, namespace: str, name: str, status: HotRestartStatus) -> None:
+        """Merge-patch the status annotation, retrying store failures a few times. Raises
+        ``StoreError`` when it still fails (``NotFound``: the pod is gone)."""
+        patch = {"metadata": {"annotations": {keys.ANN_HOT_RESTART_STATUS: status.render()}}}
+        for attempt in range(1, _STATUS_WRITE_ATTEMPTS + 1):
+            try:
+                await self._store.patch(Kind.POD, name, patch, namespace=namespace)
+                return
+            except errors.NotFound:
+                raise
+            except errors.StoreError:
+                if attempt == _STATUS_WRITE_ATTEMPTS:
+                    raise
+                await asyncio.sleep(self._backoff.delay(attempt))

@@ -1,0 +1,127 @@
+"""The hot-restart annotations (DESIGN §2, §4): the request and its status, as frozen models.
+
+``flexlease.io/hot-restart`` (written by an operator or controller) is JSON::
+
+    {"id": "r-42", "container": "trainer", "image": "registry/trainer:v2"}
+
+with an optional ``"strategy": "direct" | "kubelet"`` overriding the agent's
+``hot_restart_strategy``. ``id`` names the request: a request whose id already has a final
+status is a no-op, so re-applying the same annotation restarts nothing.
+
+``flexlease.io/hot-restart-status`` (written only by the pod's node agent) is JSON with
+camelCase keys: ``id``, ``phase`` (``InProgress`` while running; ``Succeeded`` or ``Failed``
+at the end), ``strategy``, ``container``, ``image``, ``node``, ``sandboxId``, ``podIP``,
+``containerId`` (the replacement), ``previousContainerId``, ``previousAttempt``,
+``attempt``, ``imageCached``, ``pullSeconds``, ``stopSeconds``, ``startSeconds``,
+``totalSeconds``, ``message`` (why it failed, or notes), ``startedAt``, ``finishedAt``
+(RFC 3339 UTC). Pure: parsing and rendering only.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from datetime import datetime
+
+from pydantic import Field, ValidationError, field_validator
+
+from flexlease.api import keys
+from flexlease.api.base import KubeModel
+from flexlease.errors import PodSpecError
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class Strategy(enum.StrEnum):
+    """``direct``: the agent creates and starts the replacement itself (no kubelet, or a
+    kubelet that tolerates it). ``kubelet``: the agent stops the container and waits for
+    kubelet to start the replacement from the (patched) pod spec."""
+
+    DIRECT = "direct"
+    KUBELET = "kubelet"
+
+
+class Phase(enum.StrEnum):
+    IN_PROGRESS = "InProgress"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def final(self) -> bool:
+        return self is not Phase.IN_PROGRESS
+
+
+class HotRestartRequest(KubeModel):
+    """A parsed ``flexlease.io/hot-restart`` annotation."""
+
+    id: str = Field(min_length=1, max_length=253)
+    container: str = Field(min_length=1, max_length=63)
+    image: str = Field(min_length=1, max_length=1024)
+    strategy: Strategy | None = None
+
+    @field_validator("container")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError("must be a container name (RFC 1123 label)")
+        return value
+
+    @field_validator("image")
+    @classmethod
+    def _no_space(cls, value: str) -> str:
+        if any(c.isspace() for c in value):
+            raise ValueError("must not contain whitespace")
+        return value
+
+
+class HotRestartStatus(KubeModel):
+    """A ``flexlease.io/hot-restart-status`` annotation. Durations in seconds."""
+
+    id: str
+    phase: Phase
+    strategy: Strategy
+    container: str
+    image: str
+    node: str | None = None
+    sandbox_id: str | None = None
+    pod_ip: str | None = Field(default=None, alias="podIP")
+    container_id: str | None = None
+    previous_container_id: str | None = None
+    previous_attempt: int | None = None
+    attempt: int | None = None
+    image_cached: bool | None = None
+    pull_seconds: float | None = None
+    stop_seconds: float | None = None
+    start_seconds: float | None = None
+    total_seconds: float | None = None
+    message: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    def render(self) -> str:
+        """The annotation value (compact JSON, camelCase, ``None`` fields omitted)."""
+        return json.dumps(self.to_json_obj(), separators=(",", ":"), sort_keys=True)
+
+
+def parse_request(value: str) -> HotRestartRequest:
+    """Parse the request annotation. Raises :class:`PodSpecError` when it is not a JSON
+    object with string ``id``, ``container`` (a container name) and ``image``."""
+    try:
+        return HotRestartRequest.model_validate_json(value)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()
+        )
+        raise PodSpecError(f"annotation {keys.ANN_HOT_RESTART}: {problems}") from exc
+
+
+def parse_status(value: str | None) -> HotRestartStatus | None:
+    """Parse the status annotation; None when absent or unreadable (a status this agent
+    cannot read is treated as no status, so the request is acted on again)."""
+    if not value:
+        return None
+    try:
+        return HotRestartStatus.model_validate_json(value)
+    except ValidationError:
+        return None

@@ -1,0 +1,254 @@
+"""Carry out a hot-restart plan on the CRI runtime (the I/O half; the decision is
+:mod:`nodeagent.hotrestart.decide`).
+
+Order, ``direct`` strategy (WeFlex §3.3, in-situ restart): pre-pull the image (old container
+still running) → create the replacement in the same sandbox with attempt + 1 (still
+running) → stop the old container (SIGTERM, grace period) → start the replacement → remove
+the old container. The sandbox — pod UID, network namespace and IP, IPC, volumes, cgroup
+parent — is never touched. A failure before the stop leaves the old container running; a
+failed start rolls back by starting the old config again as another attempt.
+
+``kubelet`` strategy: pre-pull → stop the old container → wait for kubelet to start its
+replacement (a higher attempt of the same container name) from the pod spec.
+
+:class:`flexlease.errors.CriUnavailable` (containerd restarting or unreachable) propagates:
+the caller retries later and :func:`~nodeagent.hotrestart.decide.decide` resumes from what
+the runtime shows. Every other failure becomes a failed :class:`Outcome` with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flexlease import errors
+from flexlease.logging import ctx
+from nodeagent.cache.images import ImagePuller
+from nodeagent.cri import api_pb2
+from nodeagent.cri.client import ContainerInfo, ContainerState, RuntimeService
+from nodeagent.hotrestart.decide import Restart, replacement_config
+from nodeagent.hotrestart.model import Strategy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Seconds spent pulling the image, stopping the old container, and creating+starting
+    the replacement (kubelet strategy: waiting for kubelet's replacement)."""
+
+    pull: float = 0.0
+    stop: float = 0.0
+    start: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Result of :meth:`HotRestarter.execute`."""
+
+    succeeded: bool
+    message: str = ""
+    container_id: str | None = None
+    attempt: int | None = None
+    image_cached: bool | None = None
+    timings: Timings = field(default_factory=Timings)
+    total_seconds: float = 0.0
+
+
+class HotRestarter:
+    """Executes :class:`~nodeagent.hotrestart.decide.Restart` plans.
+
+    ``stop_timeout_seconds``: grace period of StopContainer. ``kubelet_wait_seconds``: how
+    long the kubelet strategy waits for the replacement; ``poll_seconds``: how often it looks.
+    """
+
+    def __init__(
+        self,
+        runtime: RuntimeService,
+        puller: ImagePuller,
+        *,
+        stop_timeout_seconds: int = 30,
+        kubelet_wait_seconds: float = 120.0,
+        poll_seconds: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._runtime = runtime
+        self._puller = puller
+        self._stop_timeout = stop_timeout_seconds
+        self._kubelet_wait = kubelet_wait_seconds
+        self._poll = poll_seconds
+        self._clock = clock
+
+    async def execute(self, plan: Restart, *, pod: str) -> Outcome:
+        """Run ``plan`` for ``pod`` (``ns/name``, for logs). Raises ``CriUnavailable`` only."""
+        started = self._clock()
+        log.info(
+            "hot restart",
+            extra=ctx(
+                pod=pod,
+                container=plan.old.name,
+                image=plan.image,
+                strategy=plan.strategy.value,
+                attempt=plan.attempt,
+                resume=plan.replacement is not None,
+            ),
+        )
+        t0 = self._clock()
+        try:
+            pulled = await self._puller.ensure(plan.image, pod=pod)
+        except errors.CriUnavailable:
+            raise
+        except errors.CriError as exc:
+            return Outcome(False, f"image pull failed (old container left running): {exc}", total_seconds=0.0)
+        pull = Timings(pull=self._clock() - t0)
+        if plan.strategy is Strategy.KUBELET:
+            outcome = await self._kubelet(plan, pull, pod=pod)
+        else:
+            outcome = await self._direct(plan, pull, pod=pod)
+        outcome = Outcome(
+            outcome.succeeded,
+            outcome.message,
+            outcome.container_id,
+            outcome.attempt,
+            pulled.cached,
+            outcome.timings,
+            self._clock() - started,
+        )
+        log.info(
+            "hot restart succeeded" if outcome.succeeded else "hot restart failed",
+            extra=ctx(
+                pod=pod,
+                container=plan.old.name,
+                container_id=outcome.container_id,
+                message=outcome.message or None,
+                pull_seconds=round(outcome.timings.pull, 3),
+                stop_seconds=round(outcome.timings.stop, 3),
+                start_seconds=round(outcome.timings.start, 3),
+            ),
+        )
+        return outcome
+
+    async def _stop(self, container_id: str) -> float:
+        t0 = self._clock()
+        await self._runtime.stop_container(container_id, timeout_seconds=self._stop_timeout)
+        return self._clock() - t0
+
+    async def _direct(self, plan: Restart, pull: Timings, *, pod: str) -> Outcome:
+        old_config: api_pb2.ContainerConfig | None = None
+        try:
+            sandbox_config = await self._runtime.pod_sandbox_config(plan.sandbox_id)
+            if plan.replacement is not None:
+                new_id = plan.replacement.id
+            else:
+                old_config = await self._runtime.container_config(plan.old.id)
+                config = replacement_config(old_config, image=plan.image, attempt=plan.attempt)
+                t0 = self._clock()
+                new_id = await self._runtime.create_container(plan.sandbox_id, config, sandbox_config)
+                create_seconds = self._clock() - t0
+        except errors.CriUnavailable:
+            raise
+        except errors.CriError as exc:
+            return Outcome(
+                False, f"cannot create the replacement (old container left running): {exc}", timings=pull
+            )
+        if plan.replacement is not None:
+            create_seconds = 0.0
+
+        try:
+            stop_seconds = await self._stop(plan.old.id)
+        except errors.CriUnavailable:
+            raise
+        except errors.CriNotFound:
+            stop_seconds = 0.0  # gone already: nothing to stop
+        except errors.CriError as exc:
+            await self._remove_quietly(new_id, pod=pod)
+            return Outcome(False, f"cannot stop the old container: {exc}", timings=pull)
+
+        t0 = self._clock()
+        try:
+            await self._runtime.start_container(new_id)
+        except errors.CriUnavailable:
+            raise
+        except errors.CriError as exc:
+            timings = Timings(pull.pull, stop_seconds, create_seconds + self._clock() - t0)
+            rollback = await self._rollback(plan, old_config, new_id, sandbox_config, pod=pod)
+            return Outcome(False, f"the replacement did not start: {exc}; {rollback}", timings=timings)
+        timings = Timings(pull.pull, stop_seconds, create_seconds + self._clock() - t0)
+        await self._remove_quietly(plan.old.id, pod=pod)
+        return Outcome(True, container_id=new_id, attempt=plan.attempt, timings=timings)
+
+    async def _rollback(
+        self,
+        plan: Restart,
+        old_config: api_pb2.ContainerConfig | None,
+        failed_id: str,
+        sandbox_config: api_pb2.PodSandboxConfig,
+        *,
+        pod: str,
+    ) -> str:
+        """Start the old container's config again as the next attempt; returns a note."""
+        await self._remove_quietly(failed_id, pod=pod)
+        try:
+            if old_config is None:
+                old_config = await self._runtime.container_config(plan.old.id)
+            config = replacement_config(old_config, image=old_config.image.image, attempt=plan.attempt + 1)
+            rollback_id = await self._runtime.create_container(plan.sandbox_id, config, sandbox_config)
+            await self._runtime.start_container(rollback_id)
+        except errors.CriError as exc:
+            return f"rollback to {plan.old.image} failed too: {exc}"
+        return f"rolled back to {plan.old.image} as container {rollback_id}"
+
+    async def _remove_quietly(self, container_id: str, *, pod: str) -> None:
+        try:
+            await self._runtime.remove_container(container_id)
+        except errors.CriError as exc:
+            log.debug(
+                "could not remove container", extra=ctx(pod=pod, container_id=container_id, error=str(exc))
+            )
+
+    async def _kubelet(self, plan: Restart, pull: Timings, *, pod: str) -> Outcome:
+        try:
+            stop_seconds = await self._stop(plan.old.id)
+        except errors.CriUnavailable:
+            raise
+        except errors.CriNotFound:
+            stop_seconds = 0.0
+        except errors.CriError as exc:
+            return Outcome(False, f"cannot stop the container for kubelet to restart: {exc}", timings=pull)
+        t0 = self._clock()
+        deadline = t0 + self._kubelet_wait
+        while True:
+            replacement = await self._replacement(plan)
+            if replacement is not None:
+                timings = Timings(pull.pull, stop_seconds, self._clock() - t0)
+                if replacement.image != plan.image:
+                    return Outcome(
+                        False,
+                        f"kubelet started {replacement.image}, not the requested {plan.image}; "
+                        "patch the pod spec's image too",
+                        container_id=replacement.id,
+                        attempt=replacement.attempt,
+                        timings=timings,
+                    )
+                return Outcome(
+                    True, container_id=replacement.id, attempt=replacement.attempt, timings=timings
+                )
+            if self._clock() >= deadline:
+                return Outcome(
+                    False,
+                    f"kubelet did not start a replacement within {self._kubelet_wait:g} s",
+                    timings=Timings(pull.pull, stop_seconds, self._clock() - t0),
+                )
+            await asyncio.sleep(self._poll)
+
+    async def _replacement(self, plan: Restart) -> ContainerInfo | None:
+        found = await self._runtime.list_containers(sandbox_id=plan.sandbox_id)
+        newer = [
+            c
+            for c in found
+            if c.name == plan.old.name and c.attempt > plan.old.attempt and c.state is ContainerState.RUNNING
+        ]
+        return max(newer, key=lambda c: c.attempt) if newer else None

@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+from nodeagent.cri import api_pb2
+from nodeagent.cri.client import ContainerInfo, ContainerState, SandboxInfo, SandboxState
+from nodeagent.hotrestart.decide import (
+    ANN_RESTART_COUNT,
+    Adopt,
+    Fail,
+    Restart,
+    RuntimeView,
+    Skip,
+    decide,
+    replacement_config,
+)
+from nodeagent.hotrestart.model import HotRestartRequest, HotRestartStatus, Phase, Strategy
+
+REQ = HotRestartRequest(id="r1", container="trainer", image="t:v2")
+SANDBOX = SandboxInfo("sb", "p", "ns", "uid", 0, SandboxState.READY, 1, ip="10.0.0.2")
+
+
+def c(cid: str, attempt: int, state: ContainerState, image: str = "t:v1", **kw: object) -> ContainerInfo:
+    return ContainerInfo(cid, "sb", "trainer", attempt, image, "ref", state, **kw)  # type: ignore[arg-type]
+
+
+def status(phase: Phase, *, request_id: str = "r1", previous_attempt: int | None = 0) -> HotRestartStatus:
+    return HotRestartStatus(
+        id=request_id,
+        phase=phase,
+        strategy=Strategy.DIRECT,
+        container="trainer",
+        image="t:v2",
+        previous_container_id="c0",
+        previous_attempt=previous_attempt,
+    )
+
+
+def run(view: RuntimeView, st: HotRestartStatus | None = None, req: HotRestartRequest = REQ) -> object:
+    return decide(req, st, view, default_strategy=Strategy.DIRECT)
+
+
+def test_fresh_request_restarts_the_running_container() -> None:
+    old = c("c0", 0, ContainerState.RUNNING)
+    d = run(RuntimeView(SANDBOX, (old,)))
+    assert d == Restart("sb", old, 1, "t:v2", Strategy.DIRECT)
+
+
+def test_next_attempt_follows_the_highest_one() -> None:
+    dead = c("c0", 0, ContainerState.EXITED)
+    live = c("c3", 3, ContainerState.RUNNING)
+    d = run(RuntimeView(SANDBOX, (live, dead)))
+    assert isinstance(d, Restart) and d.old == live and d.attempt == 4
+
+
+def test_exited_container_is_restarted_too() -> None:
+    dead = c("c0", 2, ContainerState.EXITED)
+    d = run(RuntimeView(SANDBOX, (dead,)))
+    assert isinstance(d, Restart) and d.old == dead and d.attempt == 3
+
+
+def test_same_id_with_final_status_is_a_no_op() -> None:
+    view = RuntimeView(SANDBOX, (c("c0", 0, ContainerState.RUNNING),))
+    assert isinstance(run(view, status(Phase.SUCCEEDED)), Skip)
+    assert isinstance(run(view, status(Phase.FAILED)), Skip)
+    # A final status of another request does not block a new one.
+    assert isinstance(run(view, status(Phase.SUCCEEDED, request_id="r0")), Restart)
+
+
+def test_request_strategy_wins() -> None:
+    req = HotRestartRequest(id="r1", container="trainer", image="t:v2", strategy=Strategy.KUBELET)
+    d = run(RuntimeView(SANDBOX, (c("c0", 0, ContainerState.RUNNING),)), req=req)
+    assert isinstance(d, Restart) and d.strategy is Strategy.KUBELET
+
+
+def test_failures() -> None:
+    assert run(RuntimeView(None, ())) == Fail("the pod has no ready sandbox on this node")
+    notready = SandboxInfo("sb", "p", "ns", "uid", 0, SandboxState.NOTREADY, 1)
+    assert isinstance(run(RuntimeView(notready, (c("c0", 0, ContainerState.RUNNING),))), Fail)
+    assert run(RuntimeView(SANDBOX, ())) == Fail("container 'trainer' not found in sandbox sb")
+
+
+def test_in_progress_with_running_replacement_is_adopted() -> None:
+    new = c("c1", 1, ContainerState.RUNNING, image="t:v2")
+    st = status(Phase.IN_PROGRESS)
+    d = run(RuntimeView(SANDBOX, (c("c0", 0, ContainerState.EXITED), new)), st)
+    assert d == Adopt(new, st)
+
+
+def test_in_progress_with_created_replacement_resumes_it() -> None:
+    old = c("c0", 0, ContainerState.EXITED)
+    new = c("c1", 1, ContainerState.CREATED, image="t:v2")
+    d = run(RuntimeView(SANDBOX, (old, new)), status(Phase.IN_PROGRESS))
+    assert d == Restart("sb", old, 1, "t:v2", Strategy.DIRECT, replacement=new)
+
+
+def test_in_progress_before_the_replacement_existed_starts_over() -> None:
+    old = c("c0", 0, ContainerState.RUNNING)
+    d = run(RuntimeView(SANDBOX, (old,)), status(Phase.IN_PROGRESS))
+    assert d == Restart("sb", old, 1, "t:v2", Strategy.DIRECT)
+
+
+def test_in_progress_with_dead_or_wrong_replacement_fails() -> None:
+    dead = c("c1", 1, ContainerState.EXITED, image="t:v2", reason="Error", exit_code=3, message="boom")
+    d = run(RuntimeView(SANDBOX, (c("c0", 0, ContainerState.EXITED), dead)), status(Phase.IN_PROGRESS))
+    assert d == Fail("replacement container c1 exited (Error, exit code 3): boom")
+    wrong = c("c1", 1, ContainerState.RUNNING, image="t:v9")
+    d = run(RuntimeView(SANDBOX, (wrong,)), status(Phase.IN_PROGRESS))
+    assert isinstance(d, Fail) and "t:v9" in d.message
+
+
+def test_replacement_config_keeps_everything_but_image_and_attempt() -> None:
+    old = api_pb2.ContainerConfig(
+        metadata=api_pb2.ContainerMetadata(name="trainer", attempt=0),
+        image=api_pb2.ImageSpec(image="t:v1", user_specified_image="t:v1"),
+        command=["python", "train.py"],
+        envs=[api_pb2.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value="GPU-1,GPU-2")],
+        mounts=[api_pb2.Mount(container_path="/data", host_path="/mnt/data")],
+        devices=[api_pb2.Device(container_path="/dev/nvidia0", host_path="/dev/nvidia0", permissions="rw")],
+        labels={"io.kubernetes.container.name": "trainer"},
+        annotations={ANN_RESTART_COUNT: "0"},
+        log_path="trainer/0.log",
+    )
+    new = replacement_config(old, image="t:v2", attempt=1)
+    assert new.image.image == "t:v2" and new.image.user_specified_image == ""
+    assert new.metadata.attempt == 1 and new.log_path == "trainer/1.log"
+    assert new.annotations[ANN_RESTART_COUNT] == "1"
+    assert list(new.command) == ["python", "train.py"]
+    assert new.envs == old.envs and new.mounts == old.mounts and new.devices == old.devices
+    assert old.image.image == "t:v1" and old.metadata.attempt == 0  # the old config is untouched
+    odd = replacement_config(api_pb2.ContainerConfig(log_path="custom.log"), image="x", attempt=2)
+    assert odd.log_path == "custom.log.2"

@@ -1,0 +1,111 @@
+"""HotRestarter's failure handling, against the in-memory FakeCri (the happy paths and the
+containerd restart run on real containerd in test_controller.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from flexlease import errors
+from nodeagent.cache.images import ImageMetrics, ImagePuller
+from nodeagent.cri import podspec
+from nodeagent.cri.client import ContainerState
+from nodeagent.cri.fake import FakeCri
+from nodeagent.hotrestart.decide import Restart, RuntimeView, decide
+from nodeagent.hotrestart.model import HotRestartRequest, Strategy
+from nodeagent.hotrestart.restarter import HotRestarter
+
+V1, V2 = "reg/t:v1", "reg/t:v2"
+
+
+async def setup(strategy: Strategy = Strategy.DIRECT) -> tuple[FakeCri, HotRestarter, Restart]:
+    cri = FakeCri(registry={V2: 100})
+    cri.add_image(V1, 100)
+    ref = podspec.PodRef("ns", "p", "uid-1")
+    sandbox_config = podspec.sandbox_config(ref, Path("/tmp/logs"))
+    sid = await cri.run_pod_sandbox(sandbox_config)
+    config = podspec.container_config(ref, podspec.ContainerSpec("trainer", V1))
+    cid = await cri.create_container(sid, config, sandbox_config)
+    await cri.start_container(cid)
+    restarter = HotRestarter(
+        cri, ImagePuller(cri, ImageMetrics(CollectorRegistry())), kubelet_wait_seconds=0.05, poll_seconds=0.01
+    )
+    view = RuntimeView(await cri.pod_sandbox_status(sid), tuple(await cri.list_containers(sandbox_id=sid)))
+    plan = decide(
+        HotRestartRequest(id="r", container="trainer", image=V2), None, view, default_strategy=strategy
+    )
+    assert isinstance(plan, Restart)
+    return cri, restarter, plan
+
+
+def running(cri: FakeCri) -> list[tuple[str, int]]:
+    return sorted((c.image, c.attempt) for c in cri.containers.values() if c.state is ContainerState.RUNNING)
+
+
+async def test_direct_success_pulls_replaces_and_removes_the_old_container() -> None:
+    cri, restarter, plan = await setup()
+    outcome = await restarter.execute(plan, pod="ns/p")
+    assert outcome.succeeded and outcome.attempt == 1 and outcome.image_cached is False
+    assert cri.pulls == [V2]
+    assert running(cri) == [(V2, 1)]
+    assert plan.old.id not in cri.containers
+    new_config = cri.container_configs[outcome.container_id or ""]
+    assert new_config.log_path == "trainer/1.log" and new_config.metadata.attempt == 1
+
+
+async def test_failed_create_leaves_the_old_container_running() -> None:
+    cri, restarter, plan = await setup()
+    cri.fail["create_container"] = errors.CriError("no space left on device")
+    outcome = await restarter.execute(plan, pod="ns/p")
+    assert not outcome.succeeded
+    assert "old container left running" in outcome.message and "no space" in outcome.message
+    assert running(cri) == [(V1, 0)]
+
+
+async def test_failed_stop_removes_the_replacement() -> None:
+    cri, restarter, plan = await setup()
+    cri.fail["stop_container"] = errors.CriError("cannot kill")
+    outcome = await restarter.execute(plan, pod="ns/p")
+    assert not outcome.succeeded and "cannot stop the old container" in outcome.message
+    assert running(cri) == [(V1, 0)]
+    assert [c.attempt for c in cri.containers.values()] == [0]
+
+
+async def test_failed_start_rolls_back_to_the_old_config() -> None:
+    cri, restarter, plan = await setup()
+    cri.fail["start_container"] = errors.CriError("exec format error")
+    outcome = await restarter.execute(plan, pod="ns/p")
+    assert not outcome.succeeded
+    assert "did not start" in outcome.message and "rolled back to reg/t:v1" in outcome.message
+    assert running(cri) == [(V1, 2)]
+
+
+async def test_unavailable_runtime_propagates_for_a_retry() -> None:
+    cri, restarter, plan = await setup()
+    cri.fail["start_container"] = errors.CriUnavailable("containerd restarting")
+    with pytest.raises(errors.CriUnavailable):
+        await restarter.execute(plan, pod="ns/p")
+    cri2, restarter2, plan2 = await setup()
+    cri2.fail["image_status"] = errors.CriUnavailable("containerd restarting")
+    with pytest.raises(errors.CriUnavailable):
+        await restarter2.execute(plan2, pod="ns/p")
+    assert running(cri2) == [(V1, 0)]
+
+
+async def test_missing_image_fails_before_touching_anything() -> None:
+    cri, restarter, plan = await setup()
+    cri.registry.clear()
+    outcome = await restarter.execute(plan, pod="ns/p")
+    assert not outcome.succeeded and outcome.message.startswith(
+        "image pull failed (old container left running)"
+    )
+    assert running(cri) == [(V1, 0)]
+
+
+async def test_kubelet_strategy_reports_a_missing_kubelet() -> None:
+    cri, restarter, plan = await setup(Strategy.KUBELET)
+    outcome = await restarter.execute(plan, pod="ns/p")
+    assert not outcome.succeeded and "kubelet did not start a replacement" in outcome.message
+    assert running(cri) == []  # it stopped the container for kubelet to restart
