@@ -1,0 +1,301 @@
+"""Filter results per equivalence class of pods, kept up to date between snapshots.
+
+Role: a filter over 1,250 candidate nodes costs O(nodes) even when every node answer is
+memoised. Pods of one job ask the same thing (same GPU count, priority, owner, tier, type,
+reclaim flag): they form an equivalence class (as in kube-scheduler's former equivalence
+cache), and between two of them usually only the few nodes touched by binds change. This
+cache keeps, per class, the verdict of every candidate node and the reply built from them,
+and on the next request of that class re-checks only the nodes the inventory reports as
+changed since (:meth:`extender.state.Inventory.changed_since`). A different candidate list,
+a change log that no longer reaches back, or a flip of "some general node fits" for a
+reclaim pod (which changes every standby verdict) falls back to a full filter.
+
+Pure bookkeeping over immutable snapshots: no I/O, no asyncio. Neighbours: used by
+:mod:`extender.server`; decisions come from :mod:`extender.scheduling`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from extender import scheduling
+from extender.scheduling import Code, NodeView, RequestKeys, Verdict
+from flexlease.api.pod import GpuRequest
+
+DEFAULT_MAX_CLASSES: Final = 128
+
+
+@dataclass(slots=True)
+class FilterResult:
+    """The filter answer for one class over one candidate list, at snapshot ``version``.
+
+    ``passed`` keeps input order until nodes flip; ``failed``/``unresolvable`` map node →
+    reason; ``counts`` counts nodes per (interned) verdict. ``encoded`` is a cache slot for
+    the serialised reply, cleared whenever a verdict changes. Shared between requests:
+    read it synchronously after :meth:`FilterCache.filter`, before the next call.
+    """
+
+    version: int
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+    counts: dict[Verdict, int]
+    encoded: bytes | None = None
+    failed_json: dict[str, str] = field(default_factory=dict)
+    unresolvable_json: dict[str, str] = field(default_factory=dict)
+    """``"node":"reason"`` JSON members of ``failed``/``unresolvable``, kept in step."""
+
+    def encode(self) -> bytes:
+        """The ``ExtenderFilterResult`` JSON (nodeCacheCapable form), assembled from the
+        per-node fragments and cached until a verdict changes."""
+        if self.encoded is None:
+            self.encoded = (
+                '{"Nodes":null,"NodeNames":'
+                + json.dumps(self.passed, separators=(",", ":"))
+                + ',"FailedNodes":{'
+                + ",".join(self.failed_json.values())
+                + '},"FailedAndUnresolvableNodes":{'
+                + ",".join(self.unresolvable_json.values())
+                + '},"Error":""}'
+            ).encode()
+        return self.encoded
+
+
+def _json_str(s: str) -> str:
+    """``s`` as a JSON string literal; node names (DNS-1123) need no escaping, others get it."""
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return f'"{s}"'
+    return json.dumps(s)
+
+
+@dataclass(slots=True)
+class _Entry:
+    names: list[str]
+    index: dict[str, int]
+    verdicts: list[Verdict]
+    standby: list[bool]
+    general_passes: int
+    result: FilterResult
+
+
+class FilterCache:
+    """Per-class filter results, updated incrementally. ``max_classes`` bounds memory
+    (least recently used classes are dropped; each holds one verdict per candidate node)."""
+
+    def __init__(self, *, max_classes: int = DEFAULT_MAX_CLASSES) -> None:
+        self._max = max_classes
+        self._entries: dict[tuple[RequestKeys, bool], _Entry] = {}
+        self.full = 0
+        self.incremental = 0
+
+    def filter(
+        self,
+        req: GpuRequest,
+        nodes: Mapping[str, NodeView],
+        names: Sequence[str],
+        *,
+        version: int,
+        changed_since: Callable[[int], set[str] | None],
+    ) -> FilterResult:
+        """The filter result of ``req`` over candidate ``names`` against snapshot ``nodes``
+        at ``version``. ``changed_since(v)`` names the nodes changed after snapshot ``v``
+        (None when unknown). Same verdicts as :func:`extender.scheduling.filter_nodes`."""
+        class_key = (RequestKeys.of(req), req.reclaim)
+        entry = self._entries.pop(class_key, None)
+        reusable = entry is not None and entry.names == names
+        if (
+            reusable
+            and entry is not None
+            and (entry.result.version == version or self._update(req, entry, nodes, version, changed_since))
+        ):
+            self._entries[class_key] = entry
+            self.incremental += 1
+            return entry.result
+        entry = self._full(req, nodes, list(names), version)
+        self._entries[class_key] = entry
+        if len(self._entries) > self._max:
+            del self._entries[next(iter(self._entries))]
+        self.full += 1
+        return entry.result
+
+    @staticmethod
+    def _full(req: GpuRequest, nodes: Mapping[str, NodeView], names: list[str], version: int) -> _Entry:
+        views = [nodes.get(n) for n in names]
+        verdicts = scheduling.filter_nodes(req, views)
+        standby = [v is not None and v.standby for v in views]
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        counts: dict[Verdict, int] = {}
+        general_passes = 0
+        failed_json: dict[str, str] = {}
+        unresolvable_json: dict[str, str] = {}
+        for name, on_standby, v in zip(names, standby, verdicts, strict=True):
+            counts[v] = counts.get(v, 0) + 1
+            if v is scheduling.PASS:
+                passed.append(name)
+                general_passes += not on_standby
+            elif v.code is Code.UNSCHEDULABLE:
+                failed[name] = v.reason
+                failed_json[name] = _json_str(name) + ":" + v.reason_json
+            else:
+                unresolvable[name] = v.reason
+                unresolvable_json[name] = _json_str(name) + ":" + v.reason_json
+        return _Entry(
+            names=names,
+            index={n: i for i, n in enumerate(names)},
+            verdicts=verdicts,
+            standby=standby,
+            general_passes=general_passes,
+            result=FilterResult(
+                version,
+                passed,
+                failed,
+                unresolvable,
+                counts,
+                failed_json=failed_json,
+                unresolvable_json=unresolvable_json,
+            ),
+        )
+
+    @staticmethod
+    def _update(
+        req: GpuRequest,
+        entry: _Entry,
+        nodes: Mapping[str, NodeView],
+        version: int,
+        changed_since: Callable[[int], set[str] | None],
+    ) -> bool:
+        """Re-check the changed nodes; False when a full filter is needed instead."""
+        changed = changed_since(entry.result.version)
+        if changed is None:
+            return False
+        updates: list[tuple[int, str, Verdict]] = []
+        passes = entry.general_passes
+        for name in changed:
+            i = entry.index.get(name)
+            if i is None:
+                continue
+            view = nodes.get(name)
+            on_standby = view is not None and view.standby
+            if on_standby != entry.standby[i] or (on_standby and req.reclaim):
+                return False  # pool moved, or a standby verdict that hangs on the others
+            if view is None:
+                new = scheduling.NO_GPUNODE
+            elif on_standby:
+                new = scheduling.STANDBY_NOT_RECLAIM
+            else:
+                new = scheduling.check_node(req, view)
+            old = entry.verdicts[i]
+            if new is not old:
+                updates.append((i, name, new))
+                if not on_standby:
+                    passes += (new is scheduling.PASS) - (old is scheduling.PASS)
+        if req.reclaim and (passes > 0) != (entry.general_passes > 0) and any(entry.standby):
+            return False  # "a general node fits" flipped: every standby verdict changes
+        result = entry.result
+        for i, name, new in updates:
+            _remove(result, name, entry.verdicts[i])
+            _add(result, name, new)
+            entry.verdicts[i] = new
+            result.encoded = None
+        entry.general_passes = passes
+        result.version = version
+        return True
+
+
+def _remove(result: FilterResult, name: str, v: Verdict) -> None:
+    n = result.counts[v] - 1
+    if n:
+        result.counts[v] = n
+    else:
+        del result.counts[v]
+    if v is scheduling.PASS:
+        result.passed.remove(name)
+    elif v.code is Code.UNSCHEDULABLE:
+        del result.failed[name]
+        del result.failed_json[name]
+    else:
+        del result.unresolvable[name]
+        del result.unresolvable_json[name]
+
+
+def _add(result: FilterResult, name: str, v: Verdict) -> None:
+    result.counts[v] = result.counts.get(v, 0) + 1
+    if v is scheduling.PASS:
+        result.passed.append(name)
+    elif v.code is Code.UNSCHEDULABLE:
+        result.failed[name] = v.reason
+        result.failed_json[name] = _json_str(name) + ":" + v.reason_json
+    else:
+        result.unresolvable[name] = v.reason
+        result.unresolvable_json[name] = _json_str(name) + ":" + v.reason_json
+
+
+@dataclass(slots=True)
+class _Scores:
+    by_name: dict[str, str]
+    """node → its ``{"Host": ..., "Score": ...}`` JSON member, valid at ``version``."""
+    version: int
+
+
+class PriorityCache:
+    """Per-class prioritize answers (``HostPriorityList``), updated incrementally like
+    :class:`FilterCache`: each node's score is kept per class until the node changes, so the
+    candidate list may differ from call to call (it is the previous filter's answer). The
+    class adds the pod's checkpoint and images (cache affinity) to the filter's."""
+
+    def __init__(self, *, max_classes: int = DEFAULT_MAX_CLASSES) -> None:
+        self._max = max_classes
+        self._entries: dict[tuple[RequestKeys, bool, str | None, tuple[str, ...]], _Scores] = {}
+        self.computed = 0
+        self.reused = 0
+
+    def prioritize(
+        self,
+        req: GpuRequest,
+        nodes: Mapping[str, NodeView],
+        names: Sequence[str],
+        *,
+        version: int,
+        changed_since: Callable[[int], set[str] | None],
+    ) -> bytes:
+        """The JSON ``HostPriorityList`` for ``names``: :func:`extender.scheduling.score_node`
+        per node (0 for a node without a GPUNode), in input order."""
+        keys = RequestKeys.of(req)
+        class_key = (keys, req.reclaim, req.checkpoint, req.images)
+        entry = self._entries.pop(class_key, None)
+        if entry is not None:
+            changed = changed_since(entry.version)
+            if changed is None:
+                entry = None
+            else:
+                for name in changed:
+                    entry.by_name.pop(name, None)
+        if entry is None:
+            entry = _Scores({}, version)
+        entry.version = version
+        by_name = entry.by_name
+        fragments: list[str] = []
+        computed = 0
+        for name in names:
+            fragment = by_name.get(name)
+            if fragment is None:
+                view = nodes.get(name)
+                score = scheduling.score_keyed(req, keys, view) if view is not None else 0
+                fragment = by_name[name] = _host_score(name, score)
+                computed += 1
+            fragments.append(fragment)
+        self.computed += computed
+        self.reused += len(fragments) - computed
+        self._entries[class_key] = entry
+        if len(self._entries) > self._max:
+            del self._entries[next(iter(self._entries))]
+        return ("[" + ",".join(fragments) + "]").encode()
+
+
+def _host_score(name: str, score: int) -> str:
+    return '{"Host":' + _json_str(name) + ',"Score":' + str(score) + "}"

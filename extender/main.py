@@ -1,0 +1,130 @@
+"""``flexlease-extender``: the extender process's entry point (composition root).
+
+Role: load :class:`flexlease.config.Settings` (``--config FILE`` or ``$FLEXLEASE_CONFIG``,
+environment ``FLEXLEASE_*``), set up logging, open the store
+(:func:`flexlease.store.factory.open_store`), build the app (:func:`extender.server.create_app`)
+and serve it over HTTP, or HTTPS when ``extender.tls_cert_file``/``tls_key_file`` are set
+(kube-scheduler's ``enableHTTPS``), until SIGTERM or SIGINT; then stop accepting, let
+running requests finish within ``extender.shutdown_timeout_seconds``, run the cleanup
+contexts (watch loops) and close the store.
+
+Neighbours: builds :mod:`extender.server`; nothing imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from pydantic import ValidationError
+
+import flexlease.logging
+from extender.server import CleanupContext, create_app
+from flexlease import config
+from flexlease.config import Settings
+from flexlease.errors import FlexleaseError
+from flexlease.logging import ctx
+from flexlease.store import factory
+from flexlease.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    """Server TLS context from ``extender.tls_cert_file``/``tls_key_file`` (PEM), or None for
+    plain HTTP. Raises ``OSError``/``ssl.SSLError`` when the files cannot be loaded."""
+    ext = settings.extender
+    if ext.tls_cert_file is None or ext.tls_key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(ext.tls_cert_file, ext.tls_key_file)
+    return context
+
+
+def process_registry() -> CollectorRegistry:
+    """The process's one metrics registry, with process, platform and GC collectors."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+async def serve(
+    settings: Settings,
+    store: Store,
+    *,
+    stop: asyncio.Event,
+    registry: CollectorRegistry | None = None,
+    extra_contexts: Sequence[CleanupContext] = (),
+    on_listening: Callable[[list[str]], None] | None = None,
+) -> None:
+    """Serve the extender over ``store`` until ``stop`` is set.
+
+    ``on_listening`` receives the listening URLs (``http(s)://host:port``; port 0 in the
+    settings picks a free one) once the socket is bound. Does not close ``store``.
+    """
+    app = create_app(settings, store, registry=registry, extra_contexts=extra_contexts)
+    ext = settings.extender
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=ext.shutdown_timeout_seconds)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, ext.host, ext.port, ssl_context=tls_context(settings))
+        await site.start()
+        scheme = "https" if ext.tls_cert_file is not None else "http"
+        urls = [f"{scheme}://{addr[0]}:{addr[1]}" for addr in runner.addresses]
+        log.info("extender listening", extra=ctx(urls=urls))
+        if on_listening is not None:
+            on_listening(urls)
+        await stop.wait()
+        log.info("extender stopping")
+    finally:
+        await runner.cleanup()
+
+
+async def run(settings: Settings) -> None:
+    """Open the store, serve until SIGTERM/SIGINT, close the store."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    store = await factory.open_store(settings.store)
+    try:
+        await serve(settings, store, stop=stop, registry=process_registry())
+    finally:
+        await store.close()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console script ``flexlease-extender [--config FILE]``. Returns the exit status:
+    0 after a clean shutdown, 2 on bad configuration, 1 when the store or TLS fails."""
+    parser = argparse.ArgumentParser(prog="flexlease-extender", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, help="YAML settings file (else $FLEXLEASE_CONFIG)")
+    args = parser.parse_args(argv)
+    try:
+        settings = config.load(args.config)
+    except (ValidationError, OSError, ValueError) as exc:
+        print(f"flexlease-extender: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    flexlease.logging.setup(settings.log_level, settings.log_format)
+    try:
+        asyncio.run(run(settings))
+    except (FlexleaseError, OSError, ssl.SSLError) as exc:
+        log.critical("extender failed: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

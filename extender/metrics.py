@@ -1,0 +1,142 @@
+"""Prometheus metrics of the extender (prefix ``flexlease_``), on an injected registry.
+
+Role: per-verb latency histograms (observed by the timing middleware of
+:mod:`extender.server`), decisions by verb, outcome and cause, and inventory gauges (free,
+used, unhealthy and lent GPUs by tier and type) read from :class:`extender.state.Inventory`
+at scrape time by a custom collector. Label values are bounded (verbs, outcomes,
+:class:`extender.scheduling.Cause`, tiers, GPU models) — never pod names or UIDs.
+
+Neighbours: created by :func:`extender.server.create_app` with the process's (or a
+test's) ``CollectorRegistry``; served on ``GET /metrics`` with prometheus-client's
+aiohttp handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from extender.scheduling import Cause
+from extender.state import Inventory
+
+VERBS: Final = ("filter", "prioritize", "bind", "preempt")
+OUTCOMES: Final = ("success", "unschedulable", "unresolvable")
+LATENCY_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+"""Seconds; kube-scheduler's default extender timeout is 5 s."""
+
+REQUEST_SECONDS: Final = "flexlease_extender_request_duration_seconds"
+DECISIONS: Final = "flexlease_extender_decisions"
+BAD_REQUESTS: Final = "flexlease_extender_bad_requests"
+GPUS: Final = "flexlease_extender_gpus"
+
+
+class ExtenderMetrics:
+    """The extender's instruments, registered on ``registry``.
+
+    ``request_seconds{verb, status}``: handler latency in seconds (status = HTTP code).
+    ``decisions_total{verb, outcome, cause}``: filter verdicts per node, bind and preempt
+    outcomes. ``bad_requests_total{verb, reason}``: 4xx replies.
+    """
+
+    def __init__(self, registry: CollectorRegistry, inventory: Inventory) -> None:
+        self.registry = registry
+        self.request_seconds = Histogram(
+            REQUEST_SECONDS,
+            "Extender verb latency in seconds, measured in the server.",
+            ["verb", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.decisions = Counter(
+            DECISIONS,
+            "Extender decisions by verb, outcome and cause (filter: one per candidate node).",
+            ["verb", "outcome", "cause"],
+            registry=registry,
+        )
+        self.bad_requests = Counter(
+            BAD_REQUESTS,
+            "Requests answered 4xx (malformed JSON, wrong types, unknown verb, body too large).",
+            ["verb", "reason"],
+            registry=registry,
+        )
+        for verb in VERBS:
+            self.request_seconds.labels(verb, "200")
+        for outcome, cause in (
+            ("success", Cause.FITS),
+            ("unschedulable", Cause.HELD_PREEMPTABLE),
+            ("unresolvable", Cause.TOO_FEW_GPUS),
+        ):
+            self.decisions.labels("filter", outcome, cause.value)
+        registry.register(InventoryCollector(inventory))
+
+    def count_decisions(self, verb: str, counts: dict[tuple[str, str], int]) -> None:
+        """Add ``{(outcome, cause): n}`` to ``decisions_total`` for ``verb``."""
+        for (outcome, cause), n in counts.items():
+            self.decisions.labels(verb, outcome, cause).inc(n)
+
+
+class InventoryCollector(Collector):
+    """Inventory gauges read at scrape time: ``flexlease_extender_gpus{state, tier, type}``
+    (state = free, used, unhealthy, lent), nodes, reservations and reservation events."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self._inventory = inventory
+
+    def collect(self) -> Iterator[Metric]:
+        inv = self._inventory
+        gpus = GaugeMetricFamily(
+            GPUS,
+            "GPUs known to the extender by state (free, used, unhealthy; lent = tagged by an owner), "
+            "effective tier and type.",
+            labels=["state", "tier", "type"],
+        )
+        for c in inv.device_counts():
+            gpus.add_metric([c.state, c.tier, c.model], c.count)
+        yield gpus
+        summary = inv.summary()
+        nodes = GaugeMetricFamily("flexlease_extender_nodes", "Nodes with a GPUNode in the inventory.")
+        nodes.add_metric([], summary["nodes"])
+        yield nodes
+        pending = GaugeMetricFamily(
+            "flexlease_extender_reservations", "Assumed binds not yet confirmed by the watch."
+        )
+        pending.add_metric([], summary["reservations"])
+        yield pending
+        ready = GaugeMetricFamily(
+            "flexlease_extender_ready", "1 once Pods and GPUNodes have been listed, else 0."
+        )
+        ready.add_metric([], 1.0 if inv.ready else 0.0)
+        yield ready
+        events = CounterMetricFamily(
+            "flexlease_extender_reservation_events",
+            "Reservations confirmed by the watch, expired unconfirmed, or forgotten after a failed bind.",
+            labels=["event"],
+        )
+        events.add_metric(["confirmed"], inv.stats.confirmed)
+        events.add_metric(["expired"], inv.stats.expired)
+        events.add_metric(["forgotten"], inv.stats.forgotten)
+        yield events
+        bad = CounterMetricFamily(
+            "flexlease_extender_ignored_objects",
+            "GPUNode or Pod objects (or devices) ignored because they were malformed.",
+        )
+        bad.add_metric([], inv.stats.bad_objects)
+        yield bad

@@ -1,0 +1,670 @@
+"""Algorithm 1 of WeFlex (PVLDB 2025, §3.5) as pure functions over immutable node views.
+
+Role: decide, device by device, which GPUs a pod may use, and turn that into the four
+kube-scheduler extender answers: per-node verdicts (filter), node scores 0–10 (prioritize),
+the exact devices (bind) and preemption victims (preempt). No I/O, no asyncio.
+
+Neighbours: :mod:`extender.state` builds the :class:`NodeView` values from the store's
+``GPUNode`` and Pod objects and hands out immutable snapshots; :mod:`extender.server` parses
+the pod once (:func:`flexlease.api.pod.parse_pod` → :class:`~flexlease.api.pod.GpuRequest`)
+and calls the functions here. Verdict codes follow kube-scheduler's framework
+(``Success`` / ``Unschedulable`` / ``UnschedulableAndUnresolvable``).
+
+Algorithm 1, per node (DESIGN §3): a device is *usable* by a pod when it is healthy, free,
+of the requested GPU type (if any), has an effective tier (``GPUNode.effective_tier``)
+``>= ReqRel``, and is untagged, or the pod is low priority, or the pod is high priority and
+the tag's owner is the pod's owner (MATCH). Standby-pool nodes are usable only by reclaim
+pods, and only when no general candidate fits (FETCHSTANDBY: same type, tier ``>= ReqRel``).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+from flexlease.api.pod import GpuRequest, Priority
+from flexlease.api.resources import Pool
+from flexlease.api.tiers import Tier
+
+MAX_SCORE: Final = 10
+"""``MaxExtenderPriority`` of ``k8s.io/kube-scheduler/extender/v1``."""
+
+# Score weights (ratios of MAX_SCORE): lexicographic preference order of DESIGN §3 —
+# own tagged GPUs (HP reclaim) > cached image/checkpoint (PICKGPUS) > placement (packing,
+# untagged for LP). Each level outweighs everything below it.
+_W_OWN: Final = 0.6
+_W_CACHE: Final = 0.25
+_W_PLACE: Final = 0.15
+
+
+class Code(enum.IntEnum):
+    """Per-node outcome, after kube-scheduler's ``framework.Code``."""
+
+    SUCCESS = 0
+    UNSCHEDULABLE = 2
+    """Does not fit now; preempting low-priority pods may help → ``FailedNodes``."""
+    UNRESOLVABLE = 3
+    """Cannot fit whatever is preempted → ``FailedAndUnresolvableNodes``."""
+
+
+class Cause(enum.StrEnum):
+    """Why a node got its verdict: a short, bounded label (metrics), beside the free-text reason."""
+
+    FITS = "fits"
+    NO_GPUNODE = "no_gpunode"
+    NO_GPUS = "no_gpus"
+    TOO_FEW_GPUS = "too_few_gpus"
+    WRONG_TYPE = "wrong_type"
+    NOT_USABLE = "not_usable"
+    """Enough GPUs, but too many unhealthy, below the required tier or tagged for others."""
+    HELD_PREEMPTABLE = "held_preemptable"
+    HELD = "held"
+    STANDBY_NOT_RECLAIM = "standby_not_reclaim"
+    STANDBY_NOT_NEEDED = "standby_not_needed"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Verdict:
+    """A node's filter outcome, its :class:`Cause` and, when it failed, a reason a person
+    can act on.
+
+    Compared and hashed by identity: verdicts are interned (equal verdicts are one object),
+    so a filter over thousands of nodes can count outcomes per distinct verdict cheaply.
+    """
+
+    code: Code
+    cause: Cause = Cause.FITS
+    reason: str = ""
+    reason_json: str = field(init=False, repr=False)
+    """``reason`` as a JSON string literal (derived), for replies assembled from fragments."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason_json", json.dumps(self.reason))
+
+    @property
+    def ok(self) -> bool:
+        return self.code is Code.SUCCESS
+
+
+PASS: Final = Verdict(Code.SUCCESS, Cause.FITS)
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A pod that holds (or, for an in-flight bind, reserves) devices on one node.
+
+    ``low``: the pod is low priority (``flexlease.io/priority=low``), so a candidate
+    preemption victim. ``priority_value``: its ``spec.priority`` (kube-scheduler only
+    preempts pods of lower value). ``reserved``: an assumed bind not yet confirmed (never a victim).
+    """
+
+    uid: str
+    key: str
+    indices: tuple[int, ...]
+    low: bool
+    priority_value: int = 0
+    reserved: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One GPU as scheduling sees it. ``tier`` is the effective tier (override, else agent's);
+    None when the agent has not reported one (never usable). ``holder`` is the uid of the pod
+    that holds or reserves it, None when free."""
+
+    index: int
+    uuid: str
+    model: str
+    tier: Tier | None
+    healthy: bool
+    owner: str | None
+    holder: str | None = None
+    rank: int = field(init=False, repr=False, compare=False)
+    """``tier.rank`` (0 LA, 1 MA, 2 HA), -1 without a tier: derived, for fast comparisons."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rank", self.tier.rank if self.tier is not None else -1)
+
+    @property
+    def free(self) -> bool:
+        return self.holder is None
+
+
+class FitKey(NamedTuple):
+    """The parts of a request that decide per-device usability (the memo key of a node).
+
+    A named tuple rather than a dataclass: it is hashed once per node per request, and a
+    tuple hashes in C.
+    """
+
+    tier: Tier
+    gpu_type: str | None
+    high: bool
+    owner: str | None
+
+    @classmethod
+    def of(cls, req: GpuRequest) -> FitKey:
+        high = req.priority is Priority.HIGH
+        return cls(req.required_tier, req.gpu_type, high, req.owner if high else None)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKeys:
+    """A request's :class:`FitKey` and its two equivalents, computed once per request.
+
+    On a node without ownership tags every pod sees the same devices (``open``: tags do not
+    matter, as for LP pods); on a tagged node an HP pod whose owner has no tag there sees
+    only untagged devices (``closed``). Normalising to these few keys lets the per-node
+    memo serve almost every request.
+    """
+
+    exact: FitKey
+    open: FitKey
+    closed: FitKey
+    count: int
+
+    @classmethod
+    def of(cls, req: GpuRequest) -> RequestKeys:
+        exact = FitKey.of(req)
+        return cls(
+            exact=exact,
+            open=FitKey(req.required_tier, req.gpu_type, False, None),
+            closed=FitKey(req.required_tier, req.gpu_type, True, None),
+            count=req.count,
+        )
+
+    def for_node(self, node: NodeView) -> FitKey:
+        """The key equivalent to ``exact`` on ``node``."""
+        if not node.owners or not self.exact.high:
+            return self.open
+        if self.exact.owner is not None and self.exact.owner in node.owners:
+            return self.exact
+        return self.closed
+
+
+class NodeFit(NamedTuple):
+    """Device counts of one node for one :class:`FitKey` (independent of the GPU count asked).
+    A named tuple: equal situations on different nodes share one verdict through a memo.
+
+    ``usable``: devices this pod could use if nobody held them; ``free``: usable and free;
+    ``preemptable``: usable and held by low-priority pods; ``own_free``: free usable devices
+    tagged with the pod's owner; ``untagged_free``: free usable untagged devices;
+    ``node_free``: free healthy devices of any kind (for packing). The rest explain failures.
+    """
+
+    total: int
+    matching_type: int
+    usable: int
+    free: int
+    preemptable: int
+    own_free: int
+    untagged_free: int
+    node_free: int
+    unhealthy: int
+    below_tier: int
+    foreign_tagged: int
+
+
+class DeviceGroup(NamedTuple):
+    """Devices of one node alike in model, tier rank, owner tag and health: ``total`` of
+    them, ``free`` unheld, ``preemptable`` held by low-priority pods (not reserved)."""
+
+    model: str
+    rank: int
+    owner: str | None
+    healthy: bool
+    total: int
+    free: int
+    preemptable: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeView:
+    """An immutable view of one node's GPUs, built by :mod:`extender.state`.
+
+    ``devices`` is sorted by index. ``holders`` maps pod uid → :class:`Holder`.
+    ``generation`` increases whenever the node's view changes. ``memo`` caches pure
+    per-:class:`FitKey` results for this (immutable) view; it is never part of equality.
+    """
+
+    name: str
+    pool: Pool
+    generation: int
+    devices: tuple[DeviceView, ...]
+    images: frozenset[str] = frozenset()
+    checkpoints: frozenset[str] = frozenset()
+    holders: Mapping[str, Holder] = field(default_factory=dict)
+    memo: dict[object, object] = field(default_factory=dict, repr=False)
+    owners: frozenset[str] = field(init=False, repr=False)
+    """Owners of the node's tagged devices (derived)."""
+    groups: tuple[DeviceGroup, ...] = field(init=False, repr=False)
+    """Devices grouped by what decides usability (derived): :func:`fit` counts groups."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "owners", frozenset(d.owner for d in self.devices if d.owner is not None))
+        counts: dict[tuple[str, int, str | None, bool], list[int]] = {}
+        for d in self.devices:
+            c = counts.setdefault((d.model, d.rank, d.owner, d.healthy), [0, 0, 0])
+            c[0] += 1
+            if d.holder is None:
+                c[1] += 1
+            else:
+                h = self.holders.get(d.holder)
+                if h is not None and h.low and not h.reserved:
+                    c[2] += 1
+        object.__setattr__(
+            self,
+            "groups",
+            tuple(DeviceGroup(m, r, o, hl, *c) for (m, r, o, hl), c in counts.items()),
+        )
+
+    @property
+    def standby(self) -> bool:
+        return self.pool is Pool.STANDBY
+
+
+# --------------------------------------------------------------------------- usability
+
+
+def tag_allows(key: FitKey, owner: str | None) -> bool:
+    """Algorithm 1 lines 8–13: untagged, or LP, or HP with MATCH(pod, owner)."""
+    return owner is None or not key.high or (key.owner is not None and owner == key.owner)
+
+
+def device_usable(key: FitKey, dev: DeviceView, *, ignore_holder: bool = False) -> bool:
+    """True when ``dev`` is usable for a request with ``key``: healthy, right type, tier
+    ``>= ReqRel``, tag allowed, and free (unless ``ignore_holder``)."""
+    return (
+        dev.healthy
+        and dev.rank >= key.tier.rank
+        and (key.gpu_type is None or dev.model == key.gpu_type)
+        and tag_allows(key, dev.owner)
+        and (ignore_holder or dev.holder is None)
+    )
+
+
+def fit(key: FitKey, node: NodeView) -> NodeFit:
+    """Count ``node``'s devices for ``key`` (memoised on the immutable view)."""
+    cached = node.memo.get(key)
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    matching = usable = free = preemptable = own_free = untagged_free = node_free = 0
+    unhealthy = below = foreign = 0
+    need_rank = key.tier.rank
+    gpu_type = key.gpu_type
+    for g in node.groups:
+        if g.healthy:
+            node_free += g.free
+        if gpu_type is not None and g.model != gpu_type:
+            continue
+        matching += g.total
+        if not g.healthy:
+            unhealthy += g.total
+        elif g.rank < need_rank:
+            below += g.total
+        elif not tag_allows(key, g.owner):
+            foreign += g.total
+        else:
+            usable += g.total
+            free += g.free
+            preemptable += g.preemptable
+            if g.owner is None:
+                untagged_free += g.free
+            elif key.owner is not None and g.owner == key.owner:
+                own_free += g.free
+    result = NodeFit(
+        total=len(node.devices),
+        matching_type=matching,
+        usable=usable,
+        free=free,
+        preemptable=preemptable,
+        own_free=own_free,
+        untagged_free=untagged_free,
+        node_free=node_free,
+        unhealthy=unhealthy,
+        below_tier=below,
+        foreign_tagged=foreign,
+    )
+    node.memo[key] = result
+    return result
+
+
+# --------------------------------------------------------------------------- filter
+
+
+def _plural(n: int) -> str:
+    return "GPU" if n == 1 else "GPUs"
+
+
+def check_node(req: GpuRequest, node: NodeView) -> Verdict:
+    """Filter verdict of one general-pool node for a GPU pod (``req.count > 0``).
+
+    Ignores the pool (see :func:`filter_nodes` for standby rules). Unresolvable when the
+    node could never serve the pod (too few GPUs in total, wrong type, unhealthy, tier too
+    low, tagged for another owner, or held by pods preemption cannot move); Unschedulable
+    when enough usable devices are held by low-priority pods.
+    """
+    return _check(RequestKeys.of(req), node)
+
+
+def _check(keys: RequestKeys, node: NodeView) -> Verdict:
+    key = keys.for_node(node)
+    memo_key = (key, keys.count)
+    cached = node.memo.get(memo_key)
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    verdict = _verdict(keys.count, key, fit(key, node))
+    node.memo[memo_key] = verdict
+    return verdict
+
+
+_INTERNED: dict[tuple[Code, Cause, str], Verdict] = {}
+_INTERN_LIMIT: Final = 65_536
+
+
+def _intern(code: Code, cause: Cause, reason: str) -> Verdict:
+    k = (code, cause, reason)
+    v = _INTERNED.get(k)
+    if v is None:
+        if len(_INTERNED) >= _INTERN_LIMIT:
+            _INTERNED.clear()
+        v = _INTERNED[k] = Verdict(code, cause, reason)
+    return v
+
+
+_BY_SITUATION: dict[tuple[int, FitKey, NodeFit], Verdict] = {}
+
+
+def _verdict(need: int, key: FitKey, f: NodeFit) -> Verdict:
+    situation = (need, key, f)
+    v = _BY_SITUATION.get(situation)
+    if v is None:
+        if len(_BY_SITUATION) >= _INTERN_LIMIT:
+            _BY_SITUATION.clear()
+        v = _explain(need, key, f)
+        v = _BY_SITUATION[situation] = v if v is PASS else _intern(v.code, v.cause, v.reason)
+    return v
+
+
+def _explain(need: int, key: FitKey, f: NodeFit) -> Verdict:
+    """The verdict and its reason. Reasons name the pod's request and the node's situation
+    but not the node's exact free counts, so that nodes in the same situation share one
+    reason: kube-scheduler groups equal reasons in the pod's FailedScheduling event
+    ("0/1250 nodes are available: 800 <reason>, ...")."""
+    if f.free >= need:
+        return PASS
+    gpus = f"{need} {_plural(need)}"
+    if f.total == 0:
+        return Verdict(Code.UNRESOLVABLE, Cause.NO_GPUS, "node's GPUNode reports no GPUs")
+    if need > f.total:
+        return Verdict(
+            Code.UNRESOLVABLE,
+            Cause.TOO_FEW_GPUS,
+            f"pod needs {gpus}; node has {f.total} {_plural(f.total)} in total",
+        )
+    if f.matching_type < need:
+        have = "none" if f.matching_type == 0 else f"only {f.matching_type}"
+        return Verdict(
+            Code.UNRESOLVABLE, Cause.WRONG_TYPE, f"pod needs {gpus} of type {key.gpu_type!r}; node has {have}"
+        )
+    if f.usable < need:
+        parts = []
+        if f.unhealthy:
+            parts.append("unhealthy")
+        if f.below_tier:
+            parts.append(f"below tier {key.tier}")
+        if f.foreign_tagged:
+            parts.append("tagged for another owner")
+        return Verdict(
+            Code.UNRESOLVABLE,
+            Cause.NOT_USABLE,
+            f"pod needs {gpus} with tier >= {key.tier}; not enough usable here "
+            f"(some are {' / '.join(parts)})",
+        )
+    if f.free + f.preemptable >= need:
+        return Verdict(
+            Code.UNSCHEDULABLE,
+            Cause.HELD_PREEMPTABLE,
+            f"pod needs {gpus}; usable GPUs are held by low-priority pods (preemption may help)",
+        )
+    return Verdict(
+        Code.UNRESOLVABLE,
+        Cause.HELD,
+        f"pod needs {gpus}; usable GPUs are held by high-priority pods or binds in flight",
+    )
+
+
+STANDBY_NOT_RECLAIM: Final = Verdict(
+    Code.UNRESOLVABLE,
+    Cause.STANDBY_NOT_RECLAIM,
+    "standby-pool node: only reclaim pods (flexlease.io/reclaim=true) may use it",
+)
+STANDBY_NOT_NEEDED: Final = Verdict(
+    Code.UNRESOLVABLE,
+    Cause.STANDBY_NOT_NEEDED,
+    "standby-pool node: used only when no general-pool node fits this reclaim pod",
+)
+NO_GPUNODE: Final = Verdict(
+    Code.UNRESOLVABLE, Cause.NO_GPUNODE, "node has no GPUNode (no flexlease agent reports its GPUs)"
+)
+
+
+def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verdict]:
+    """Verdicts for ``nodes`` (None = a candidate without a GPUNode), aligned with the input.
+
+    General-pool nodes are checked with :func:`check_node`. Standby-pool nodes pass only
+    for a reclaim pod and only when no general-pool candidate passes (Algorithm 1 lines
+    19–23, FETCHSTANDBY: same type, tier ``>= ReqRel``; the general candidates fall short).
+    """
+    keys = RequestKeys.of(req)
+    exact, open_key, closed, count = keys.exact, keys.open, keys.closed, keys.count
+    high, owner = exact.high, exact.owner
+    out: list[Verdict] = []
+    append = out.append
+    standby_at: list[int] = []
+    general_ok = False
+    standby = Pool.STANDBY
+    for i, node in enumerate(nodes):
+        if node is None:
+            append(NO_GPUNODE)
+            continue
+        if node.pool is standby:
+            append(STANDBY_NOT_RECLAIM)
+            standby_at.append(i)
+            continue
+        # RequestKeys.for_node and the memo lookup of _check, inlined: this loop runs for
+        # every candidate node of every request.
+        owners = node.owners
+        if not owners or not high:
+            key = open_key
+        elif owner is not None and owner in owners:
+            key = exact
+        else:
+            key = closed
+        v = node.memo.get((key, count))
+        if v is None:
+            v = _check(keys, node)
+        if v is PASS:
+            general_ok = True
+        append(v)  # type: ignore[arg-type]
+    if req.reclaim and standby_at:
+        for i in standby_at:
+            node = nodes[i]
+            assert node is not None
+            out[i] = STANDBY_NOT_NEEDED if general_ok else _check(keys, node)
+    return out
+
+
+def standby_allowed(req: GpuRequest, general: Iterable[NodeView]) -> bool:
+    """Whether standby-pool nodes may serve ``req``: a reclaim pod for which no general
+    node in ``general`` fits now (the shortfall of Algorithm 1 line 19)."""
+    if not req.reclaim:
+        return False
+    return not any(check_node(req, n).ok for n in general if not n.standby)
+
+
+# --------------------------------------------------------------------------- prioritize
+
+
+def score_node(req: GpuRequest, node: NodeView) -> int:
+    """Score 0–10 of a node that passed filter (0 for one that does not fit).
+
+    Preference order (DESIGN §3), each level outweighing all below it:
+    own tagged free GPUs for a high-priority reclaim pod (share of the request they cover,
+    weight 0.6); the node caches the pod's checkpoint (0.25) or one of its images (half of
+    that) — PICKGPUS; placement (0.15): best fit, i.e. the fewest free GPUs left on the
+    node after placement, so whole free nodes stay for large jobs; for low-priority pods half
+    of it goes to fitting on untagged GPUs, so a reclaim needs fewer preemptions.
+    """
+    return score_keyed(req, RequestKeys.of(req), node)
+
+
+def score_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[int]:
+    """:func:`score_node` for each of ``nodes`` (0 for None), aligned with the input."""
+    keys = RequestKeys.of(req)
+    return [score_keyed(req, keys, n) if n is not None else 0 for n in nodes]
+
+
+def score_keyed(req: GpuRequest, keys: RequestKeys, node: NodeView) -> int:
+    """:func:`score_node` with the request's keys computed once by the caller."""
+    key = keys.for_node(node)
+    cached_ckpt = req.checkpoint is not None and req.checkpoint in node.checkpoints
+    cached_image = not cached_ckpt and bool(req.images) and not node.images.isdisjoint(req.images)
+    memo_key = (key, keys.count, req.reclaim, cached_ckpt, cached_image)
+    score = node.memo.get(memo_key)
+    if score is None:
+        score = node.memo[memo_key] = _compute_score(
+            req, keys, fit(key, node), cached_ckpt=cached_ckpt, cached_image=cached_image
+        )
+    return score  # type: ignore[return-value]
+
+
+def _compute_score(
+    req: GpuRequest, keys: RequestKeys, f: NodeFit, *, cached_ckpt: bool, cached_image: bool
+) -> int:
+    need = req.count
+    high = keys.exact.high
+    if need <= 0 or f.free < need:
+        return 0
+    raw = 0.0
+    if req.reclaim and high and keys.exact.owner is not None:
+        raw += _W_OWN * min(f.own_free, need) / need
+    if cached_ckpt:
+        raw += _W_CACHE
+    elif cached_image:
+        raw += _W_CACHE / 2
+    left = max(f.node_free - need, 0)
+    packing = 1.0 - left / f.total if f.total else 0.0
+    if high:
+        raw += _W_PLACE * packing
+    else:
+        raw += _W_PLACE * (0.5 * (1.0 if f.untagged_free >= need else 0.0) + 0.5 * packing)
+    return max(0, min(MAX_SCORE, round(raw * MAX_SCORE)))
+
+
+# --------------------------------------------------------------------------- bind
+
+
+def device_order(key: FitKey, *, reclaim: bool) -> Callable[[DeviceView], tuple[int, int, int]]:
+    """Sort key for usable devices: the rules prioritize scores nodes by, applied to devices.
+
+    HP reclaim pods take their own tagged GPUs first; LP pods take untagged GPUs before
+    tagged ones (fewer preemptions when the owner reclaims); then the lowest adequate tier
+    (HA stays for pods that require it); then the lowest index.
+    """
+
+    def order(dev: DeviceView) -> tuple[int, int, int]:
+        own = 0 if (reclaim and key.high and key.owner is not None and dev.owner == key.owner) else 1
+        tagged = 1 if (not key.high and dev.owner is not None) else 0
+        return (own, tagged, dev.rank * 1000 + dev.index)
+
+    return order
+
+
+def choose_devices(req: GpuRequest, node: NodeView) -> tuple[int, ...] | None:
+    """The exact device indices (ascending) to bind on ``node``, or None when fewer than
+    ``req.count`` usable devices are free. Pool rules are the caller's (see
+    :func:`filter_nodes`); ``req.count`` must be positive."""
+    if req.count <= 0:
+        raise ValueError("choose_devices needs a GPU pod (count > 0)")
+    key = FitKey.of(req)
+    usable = [d for d in node.devices if device_usable(key, d)]
+    if len(usable) < req.count:
+        return None
+    usable.sort(key=device_order(key, reclaim=req.reclaim))
+    return tuple(sorted(d.index for d in usable[: req.count]))
+
+
+# --------------------------------------------------------------------------- preempt
+
+
+@dataclass(frozen=True, slots=True)
+class Victims:
+    """Pods to preempt on one node: uids in eviction order."""
+
+    uids: tuple[str, ...]
+
+
+def select_victims(
+    req: GpuRequest,
+    node: NodeView,
+    *,
+    proposed: Iterable[str],
+    preemptor_priority: int = 0,
+) -> Victims | None:
+    """Victims on ``node`` so that ``req`` fits, or None when no eviction can make it fit.
+
+    ``proposed``: the scheduler's victim uids for this node (chosen for the resources it
+    judges itself). Proposed pods that hold no managed GPU on this node are kept as they
+    are; proposed GPU pods are kept only if they are low priority and hold devices this
+    pod could use. When the GPUs still fall short, more low-priority pods holding usable
+    devices (``spec.priority`` below ``preemptor_priority``) are added, those freeing
+    the most usable devices first, proposed ones before others. Never a high-priority pod,
+    never a reserved (binding) pod.
+    """
+    key = FitKey.of(req)
+    f = fit(key, node)
+    proposed_list = list(dict.fromkeys(proposed))
+    passthrough = [uid for uid in proposed_list if uid not in node.holders]
+    if f.free >= req.count:
+        return Victims(tuple(passthrough))
+    by_index = {d.index: d for d in node.devices}
+
+    def frees(holder: Holder) -> int:
+        return sum(
+            1
+            for i in holder.indices
+            if (d := by_index.get(i)) is not None and device_usable(key, d, ignore_holder=True)
+        )
+
+    proposed_set = set(proposed_list)
+    candidates: list[tuple[int, int, str, Holder]] = []
+    for uid, holder in node.holders.items():
+        if not holder.low or holder.reserved:
+            continue
+        if uid not in proposed_set and holder.priority_value >= preemptor_priority:
+            continue
+        n = frees(holder)
+        if n > 0:
+            candidates.append((0 if uid in proposed_set else 1, -n, uid, holder))
+    candidates.sort(key=lambda c: (c[0], c[1], c[2]))
+    need = req.count - f.free
+    chosen: list[tuple[str, int]] = []
+    freed = 0
+    for _, neg, uid, _holder in candidates:
+        if freed >= need:
+            break
+        chosen.append((uid, -neg))
+        freed -= neg
+    if freed < need:
+        return None
+    # Reprieve (as kube-scheduler does): give back any victim not needed after all,
+    # smallest first.
+    for uid, n in sorted(chosen, key=lambda c: c[1]):
+        if freed - n >= need:
+            chosen.remove((uid, n))
+            freed -= n
+    return Victims(tuple(passthrough + [uid for uid, _ in chosen]))

@@ -1,0 +1,471 @@
+"""The kube-scheduler HTTP extender: an aiohttp application (app factory, typed app keys).
+
+Role: speak ``k8s.io/kube-scheduler/extender/v1`` (:mod:`flexlease.api.wire`, DESIGN §3)
+on ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt``, and serve ``GET /healthz``,
+``/readyz`` (true once Pods and GPUNodes are listed and every registered check passes) and
+``/metrics``. The scheduler runs us with ``nodeCacheCapable: true``: ``Nodes`` is null,
+candidates come in ``NodeNames`` and replies name only nodes from that list. A pod without
+managed GPUs passes untouched. ``Error`` in a reply is only for faults; malformed input is
+answered 400 with a message, an unknown verb 404, a body over
+``extender.max_body_bytes`` 413, anything unexpected a logged 500.
+
+Lifetimes are aiohttp ``cleanup_ctx`` entries: one list+watch loop per kind (GPUNodes,
+Pods) feeding :class:`extender.state.Inventory`, plus ``extra_contexts`` the caller adds
+(the lease controller, leader election). Handlers are not cancelled when the scheduler
+hangs up (aiohttp's default), so a bind always commits or rolls back.
+
+Neighbours: :mod:`extender.main` builds the settings and store and serves this app;
+:mod:`extender.scheduling` decides; :mod:`extender.binder` binds; :mod:`extender.metrics`
+measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+from pydantic import ValidationError
+
+from extender import scheduling
+from extender.binder import Binder
+from extender.equivalence import FilterCache, PriorityCache
+from extender.metrics import VERBS, ExtenderMetrics
+from extender.scheduling import Code
+from extender.state import Inventory
+from flexlease.api import pod as podapi
+from flexlease.api import wire
+from flexlease.config import Settings
+from flexlease.errors import Gone, RequestError, StoreError
+from flexlease.logging import ctx
+from flexlease.store.base import JsonObj, Kind, Store, WatchEvent
+
+log = logging.getLogger(__name__)
+
+CleanupContext = Callable[[web.Application], AsyncIterator[None]]
+ReadyCheck = Callable[[], bool]
+
+WATCH_BACKOFF_SECONDS: Final = (0.2, 30.0)
+"""First and largest delay (seconds) before a failed list/watch is retried."""
+
+
+@dataclass(slots=True)
+class WatchState:
+    """Progress of one list+watch loop: ``listed`` once the first list was applied,
+    ``failed`` set when the loop ended on an unexpected error (``/healthz`` turns 500)."""
+
+    kind: Kind
+    listed: bool = False
+    failed: str | None = None
+    resource_version: str = ""
+
+
+SETTINGS: Final = web.AppKey("settings", Settings)
+STORE: Final = web.AppKey("store", Store)
+INVENTORY: Final = web.AppKey("inventory", Inventory)
+BINDER: Final = web.AppKey("binder", Binder)
+METRICS: Final = web.AppKey("metrics", ExtenderMetrics)
+WATCHES: Final = web.AppKey("watches", dict[Kind, WatchState])
+FILTER_CACHE: Final = web.AppKey("filter_cache", FilterCache)
+PRIORITY_CACHE: Final = web.AppKey("priority_cache", PriorityCache)
+READY_CHECKS: Final = web.AppKey("ready_checks", dict[str, ReadyCheck])
+"""Named readiness checks; other components (leader election, lease controller) add theirs."""
+
+
+_OUTCOME: Final = {
+    Code.SUCCESS: "success",
+    Code.UNSCHEDULABLE: "unschedulable",
+    Code.UNRESOLVABLE: "unresolvable",
+}
+
+
+class _Reject(Exception):
+    """Internal: a 4xx/503 to answer, with a bounded ``reason`` label for metrics."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+def create_app(
+    settings: Settings,
+    store: Store,
+    *,
+    registry: CollectorRegistry | None = None,
+    extra_contexts: Sequence[CleanupContext] = (),
+    inventory: Inventory | None = None,
+) -> web.Application:
+    """Build the extender application over ``store``.
+
+    ``registry``: where metrics are registered (a fresh ``CollectorRegistry`` when None).
+    ``extra_contexts``: more ``cleanup_ctx`` entries, started after the watch loops.
+    ``inventory``: an existing inventory to serve (default: a new one fed by the watches).
+    The store is not closed by the app; its owner closes it.
+    """
+    ext = settings.extender
+    inv = inventory or Inventory(
+        gpu_resource=ext.gpu_resource, reservation_ttl_seconds=ext.reservation_ttl_seconds
+    )
+    app = web.Application(
+        middlewares=[_timing_middleware, _error_middleware],
+        client_max_size=ext.max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    app[STORE] = store
+    app[INVENTORY] = inv
+    app[BINDER] = Binder(store, inv, gpu_resource=ext.gpu_resource)
+    app[FILTER_CACHE] = FilterCache()
+    app[PRIORITY_CACHE] = PriorityCache()
+    app[METRICS] = ExtenderMetrics(registry if registry is not None else CollectorRegistry(), inv)
+    app[WATCHES] = {Kind.GPUNODE: WatchState(Kind.GPUNODE), Kind.POD: WatchState(Kind.POD)}
+    app[READY_CHECKS] = {"inventory": lambda: inv.ready}
+    metrics_handler = make_aiohttp_handler(app[METRICS].registry)
+
+    async def serve_metrics(request: web.Request) -> web.StreamResponse:
+        return await metrics_handler(request)
+
+    app.router.add_post("/filter", filter_verb)
+    app.router.add_post("/prioritize", prioritize_verb)
+    app.router.add_post("/bind", bind_verb)
+    app.router.add_post("/preempt", preempt_verb)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", serve_metrics)
+    app.cleanup_ctx.append(_watch_context(Kind.GPUNODE))
+    app.cleanup_ctx.append(_watch_context(Kind.POD))
+    app.cleanup_ctx.extend(extra_contexts)
+    return app
+
+
+# --------------------------------------------------------------------------- middlewares
+
+
+@web.middleware
+async def _timing_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Observe the latency of the four verbs (seconds) by verb and HTTP status."""
+    verb = request.path.lstrip("/")
+    if verb not in VERBS:
+        return await handler(request)
+    start = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        request.app[METRICS].request_seconds.labels(verb, str(status)).observe(time.perf_counter() - start)
+
+
+@web.middleware
+async def _error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Map errors to replies: bad input → 400, unknown path → 404, wrong method → 405,
+    body too large → 413 (each logged once at warning), anything else → logged 500."""
+    verb = request.path.lstrip("/")
+    try:
+        return await handler(request)
+    except _Reject as exc:
+        return _reject(request, exc.status, exc.reason, str(exc))
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SETTINGS].extender.max_body_bytes
+        return _reject(request, 413, "too_large", f"request body exceeds {limit} bytes")
+    except web.HTTPNotFound:
+        return _reject(
+            request, 404, "unknown_verb", f"unknown path {request.path!r}; verbs: {', '.join(VERBS)}"
+        )
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return _reject(request, 405, "method", f"{request.method} {request.path}: allowed {allowed}")
+    except web.HTTPException:
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("internal error", extra=ctx(verb=verb))
+        body = {"Error": f"internal error in {verb}; see the extender's log"}
+        return web.json_response(body, status=500)
+
+
+def _reject(request: web.Request, status: int, reason: str, message: str) -> web.Response:
+    verb = request.path.lstrip("/")
+    label = verb if verb in VERBS else "other"
+    request.app[METRICS].bad_requests.labels(label, reason).inc()
+    log.warning("rejected request: %s", message, extra=ctx(verb=verb, status=status))
+    return web.json_response({"Error": message}, status=status)
+
+
+# --------------------------------------------------------------------------- request parsing
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _Reject(400, "bad_json", f"malformed JSON body: {exc}") from exc
+
+
+_M = TypeVar("_M", bound=wire.WireModel)
+
+
+def _model(cls: type[_M], body: Any) -> _M:
+    if not isinstance(body, dict):
+        raise _Reject(
+            400, "bad_type", f"body must be a JSON object ({cls.__name__}), got {type(body).__name__}"
+        )
+    try:
+        return cls.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}"
+            for e in exc.errors(include_url=False)[:5]
+        )
+        raise _Reject(400, "bad_type", f"invalid {cls.__name__}: {problems}") from exc
+
+
+def _parse_pod(request: web.Request, pod: dict[str, Any]) -> podapi.GpuRequest:
+    try:
+        return podapi.parse_pod(pod, request.app[SETTINGS].extender.gpu_resource)
+    except RequestError as exc:
+        raise _Reject(400, "bad_pod", f"Pod: {exc}") from exc
+
+
+def _json(obj: Any) -> web.Response:
+    return web.Response(body=json.dumps(obj, separators=(",", ":")), content_type="application/json")
+
+
+def _not_ready_error(request: web.Request) -> str | None:
+    inv = request.app[INVENTORY]
+    if inv.ready:
+        return None
+    nodes, pods = inv.listed
+    missing = [k for k, done in (("GPUNodes", nodes), ("Pods", pods)) if not done]
+    return f"extender not ready: {' and '.join(missing)} not listed yet"
+
+
+# --------------------------------------------------------------------------- verbs
+
+
+async def filter_verb(request: web.Request) -> web.Response:
+    """``POST /filter``: ExtenderArgs → ExtenderFilterResult (Algorithm 1 per node)."""
+    args = _model(wire.ExtenderArgs, await _read_json(request))
+    req = _parse_pod(request, args.pod)
+    names = args.candidate_names()
+    if req.count == 0:  # not ours: every candidate passes untouched
+        return _json(_filter_reply(args, names, {}, {}))
+    not_ready = _not_ready_error(request)
+    if not_ready is not None:
+        return _json(wire.ExtenderFilterResult(error=not_ready).to_wire())
+    inv = request.app[INVENTORY]
+    snap = inv.snapshot()
+    result = request.app[FILTER_CACHE].filter(
+        req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since
+    )
+    counts: dict[tuple[str, str], int] = {}
+    for v, n in result.counts.items():
+        ck = (_OUTCOME[v.code], v.cause.value)
+        counts[ck] = counts.get(ck, 0) + n
+    request.app[METRICS].count_decisions("filter", counts)
+    log.debug(
+        "filter",
+        extra=ctx(
+            pod=req.key,
+            passed=len(result.passed),
+            failed=len(result.failed),
+            unresolvable=len(result.unresolvable),
+        ),
+    )
+    if args.node_names is None and args.nodes is not None:
+        return _json(_filter_reply(args, result.passed, result.failed, result.unresolvable))
+    return web.Response(body=result.encode(), content_type="application/json")
+
+
+def _filter_reply(
+    args: wire.ExtenderArgs, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str]
+) -> dict[str, Any]:
+    """The reply in the form the scheduler asked in: ``NodeNames`` (nodeCacheCapable) or a
+    ``Nodes`` list holding the passed items."""
+    nodes: dict[str, Any] | None = None
+    node_names: list[str] | None = passed
+    if args.node_names is None and args.nodes is not None:
+        keep = set(passed)
+        items = [
+            n
+            for n in (args.nodes.get("items") or [])
+            if isinstance(n, dict) and (n.get("metadata") or {}).get("name") in keep
+        ]
+        nodes = {**args.nodes, "items": items}
+        node_names = None
+    return {
+        "Nodes": nodes,
+        "NodeNames": node_names,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable,
+        "Error": "",
+    }
+
+
+async def prioritize_verb(request: web.Request) -> web.Response:
+    """``POST /prioritize``: ExtenderArgs → HostPriorityList, scores 0–10 for every candidate."""
+    args = _model(wire.ExtenderArgs, await _read_json(request))
+    req = _parse_pod(request, args.pod)
+    names = args.candidate_names()
+    if req.count == 0 or not request.app[INVENTORY].ready:
+        return _json([{"Host": n, "Score": 0} for n in names])
+    inv = request.app[INVENTORY]
+    snap = inv.snapshot()
+    body = request.app[PRIORITY_CACHE].prioritize(
+        req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since
+    )
+    return web.Response(body=body, content_type="application/json")
+
+
+async def bind_verb(request: web.Request) -> web.Response:
+    """``POST /bind``: ExtenderBindingArgs → ExtenderBindingResult (``Error`` empty on success)."""
+    args = _model(wire.ExtenderBindingArgs, await _read_json(request))
+    outcome = await request.app[BINDER].bind(
+        args.pod_namespace, args.pod_name, uid=args.pod_uid, node=args.node
+    )
+    request.app[METRICS].count_decisions("bind", {(outcome.outcome, outcome.cause): 1})
+    return _json(wire.ExtenderBindingResult(error=outcome.error).to_wire())
+
+
+async def preempt_verb(request: web.Request) -> web.Response:
+    """``POST /preempt``: ExtenderPreemptionArgs → ExtenderPreemptionResult.
+
+    Per proposed node: keep it only if evicting low-priority pods that hold GPUs this pod
+    could use makes it fit (:func:`extender.scheduling.select_victims`); pods without
+    managed GPUs that the scheduler proposed are passed through.
+    """
+    args = _model(wire.ExtenderPreemptionArgs, await _read_json(request))
+    req = _parse_pod(request, args.pod)
+    proposal = args.victims_by_node()
+    if req.count == 0:
+        return _json(wire.ExtenderPreemptionResult(node_name_to_meta_victims=proposal).to_wire())
+    not_ready = _not_ready_error(request)
+    if not_ready is not None:  # the preemption reply has no Error field: a non-200 is the error
+        raise _Reject(503, "not_ready", not_ready)
+    raw_prio = (args.pod.get("spec") or {}).get("priority")
+    preemptor_priority = raw_prio if isinstance(raw_prio, int) else 0
+    nodes = request.app[INVENTORY].snapshot().nodes
+    out: dict[str, wire.MetaVictims] = {}
+    for name, mv in proposal.items():
+        view = nodes.get(name)
+        if view is None or (view.standby and not req.reclaim):
+            continue
+        victims = scheduling.select_victims(
+            req, view, proposed=[p.uid for p in mv.pods], preemptor_priority=preemptor_priority
+        )
+        if victims is None:
+            continue
+        out[name] = wire.MetaVictims(
+            pods=[wire.MetaPod(uid=u) for u in victims.uids],
+            num_pdb_violations=min(mv.num_pdb_violations, len(victims.uids)),
+        )
+    request.app[METRICS].count_decisions(
+        "preempt", {("success", "kept"): len(out), ("unschedulable", "dropped"): len(proposal) - len(out)}
+    )
+    return _json(wire.ExtenderPreemptionResult(node_name_to_meta_victims=out).to_wire())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """``GET /healthz``: 200 while every watch loop is alive, else 500 naming the dead one."""
+    dead = {k.value: s.failed for k, s in request.app[WATCHES].items() if s.failed}
+    if dead:
+        return web.json_response({"ok": False, "failed": dead}, status=500)
+    return web.json_response({"ok": True})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """``GET /readyz``: 200 once Pods and GPUNodes are listed and every named check passes, else 503."""
+    checks = {name: bool(check()) for name, check in request.app[READY_CHECKS].items()}
+    ready = all(checks.values())
+    body = {"ready": ready, "checks": checks, **request.app[INVENTORY].summary()}
+    return web.json_response(body, status=200 if ready else 503)
+
+
+# --------------------------------------------------------------------------- watches
+
+
+def _watch_context(kind: Kind) -> CleanupContext:
+    """A cleanup context running the list+watch loop of ``kind`` as a named task."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        state = app[WATCHES][kind]
+        task = asyncio.create_task(
+            _guarded(list_and_watch(app[STORE], app[INVENTORY], state), state),
+            name=f"extender-watch-{kind.value}",
+        )
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return context
+
+
+async def _guarded(loop: Awaitable[None], state: WatchState) -> None:
+    try:
+        await loop
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        state.failed = f"{type(exc).__name__}: {exc}"
+        log.exception("watch loop died", extra=ctx(kind=state.kind.value))
+
+
+async def list_and_watch(store: Store, inventory: Inventory, state: WatchState) -> None:
+    """Feed ``inventory`` from ``store``: list ``state.kind``, then watch from the list's
+    resourceVersion; re-watch when a watch ends, re-list on ``410 Gone``, back off
+    (0.2 s doubling to 30 s) on other store errors. Runs until cancelled."""
+    kind = state.kind
+    replace: Callable[[list[JsonObj]], None]
+    apply: Callable[[WatchEvent], None]
+    if kind is Kind.POD:
+        replace, apply = inventory.replace_pods, inventory.apply_pod_event
+    else:
+        replace, apply = inventory.replace_nodes, inventory.apply_node_event
+    delay = WATCH_BACKOFF_SECONDS[0]
+    while True:
+        try:
+            listed = await store.list(kind)
+            replace(listed.items)
+            state.listed = True
+            state.resource_version = listed.resource_version
+            log.info(
+                "listed", extra=ctx(kind=kind.value, count=len(listed.items), rv=listed.resource_version)
+            )
+            while True:
+                seen = 0
+                async for event in store.watch(kind, resource_version=state.resource_version):
+                    apply(event)
+                    seen += 1
+                    if event.resource_version:
+                        state.resource_version = event.resource_version
+                    delay = WATCH_BACKOFF_SECONDS[0]
+                if not seen:  # a watch that ends at once (store closing): do not spin
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, WATCH_BACKOFF_SECONDS[1])
+        except Gone:
+            log.info("watch too old; listing again", extra=ctx(kind=kind.value, rv=state.resource_version))
+        except StoreError as exc:
+            log.warning("list/watch failed; retrying in %.1f s: %s", delay, exc, extra=ctx(kind=kind.value))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, WATCH_BACKOFF_SECONDS[1])

@@ -1,0 +1,532 @@
+"""Benchmark the extender at the paper's scale: 1,250 nodes × 8 GPUs, 5,000 running pods.
+
+Usage: ``python hack/bench_extender.py [--cycles 1000] [--nodes 1250] [--pods 5000] [--gc-freeze]``
+
+A server process (pinned to one CPU) loads the cluster into a ``MemoryStore`` — GPUNodes
+with a mix of GPU types, tiers, tier overrides, ownership tags, unhealthy devices and a
+standby pool; running pods holding GPUs through ``flexlease.io/assigned-gpus`` — plus the
+pending pods to schedule, and serves the real extender app (:func:`extender.server.create_app`)
+on loopback with the production runner. Beside it, on another port of the same process, an
+empty aiohttp handler that reads the body and answers ``{}``: the HTTP floor.
+
+A client process (pinned to another CPU) plays kube-scheduler with ``nodeCacheCapable``:
+per pending pod, ``/filter`` with all node names, ``/prioritize`` with the nodes that passed,
+``/bind`` to the best one, one cycle at a time over a keep-alive connection. It prints p50
+and p99 per verb measured by the client and by the server (exact per-request times from a
+recording middleware wrapped around the app, and the Prometheus histogram's count), cycles
+per second, and the empty handler's latency for the same filter body, so our cost is a ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import json
+import logging
+import multiprocessing
+import os
+import platform
+import pstats
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from extender import server as extserver
+from extender.metrics import REQUEST_SECONDS
+from flexlease.api import keys
+from flexlease.config import ExtenderSettings, Settings, StoreSettings
+from flexlease.store.base import JsonObj, Kind
+from flexlease.store.memory import MemoryStore
+
+MODELS = ("NVIDIA H20", "NVIDIA H20", "NVIDIA H20", "NVIDIA H20", "NVIDIA A100-SXM4-80GB")
+OWNERS = tuple(f"online/job-{i}" for i in range(20))
+VERBS = ("filter", "prioritize", "bind")
+_DECODER = json.JSONDecoder()
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+def gpunode(rng: random.Random, i: int, *, standby: bool) -> tuple[JsonObj, JsonObj]:
+    """(object to create, status to patch) of node ``i``."""
+    name = f"gpu-{i:05d}"
+    model = MODELS[i % len(MODELS)]
+    spec_devices: dict[str, Any] = {}
+    if not standby and rng.random() < 0.15:  # an online job lent half the node
+        owner = rng.choice(OWNERS)
+        for d in range(4):
+            spec_devices[str(d)] = {"owner": owner, "leasedAt": "2026-11-21T01:30:00Z"}
+    if rng.random() < 0.02:
+        spec_devices.setdefault("7", {})["tierOverride"] = "LA"
+    devices = {}
+    for d in range(8):
+        r = rng.random()
+        tier = "HA" if r < 0.7 else "MA" if r < 0.9 else "LA"
+        unhealthy = rng.random() < 0.005
+        devices[str(d)] = {
+            "uuid": f"GPU-{i:05d}-{d}-9f1c-4a7e",
+            "model": model,
+            "memoryMiB": 97871,
+            "health": "Unhealthy" if unhealthy else "Healthy",
+            "tier": tier,
+        }
+    obj = {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.GPUNODE_KIND,
+        "metadata": {"name": name},
+        "spec": {"pool": "standby" if standby else "general", "devices": spec_devices},
+    }
+    status = {
+        "nodeIP": f"10.{i // 250}.{i % 250}.1",
+        "devices": devices,
+        "cache": {
+            "images": [f"registry.local/train:{i % 7}"],
+            "checkpoints": [{"id": f"ckpt-{i % 50}", "sizeBytes": 1 << 30, "sha256": "0" * 64}],
+        },
+    }
+    return obj, status
+
+
+def pod(
+    name: str,
+    *,
+    gpus: int,
+    priority: str,
+    owner: str | None,
+    tier: str,
+    gpu_type: str | None = None,
+    reclaim: bool = False,
+    checkpoint: str | None = None,
+    node: str | None = None,
+    indices: tuple[int, ...] = (),
+) -> JsonObj:
+    """A Pod as the API server holds it (camelCase, full metadata and spec)."""
+    labels = {keys.LABEL_PRIORITY: priority, "batch.kubernetes.io/job-name": name.rsplit("-", 1)[0]}
+    if owner is not None:
+        labels[keys.LABEL_OWNER] = owner.split("/")[1]
+    ann = {keys.ANN_RELIABILITY: tier}
+    if gpu_type:
+        ann[keys.ANN_GPU_TYPE] = gpu_type
+    if reclaim:
+        ann[keys.ANN_RECLAIM] = "true"
+    if checkpoint:
+        ann[keys.ANN_CHECKPOINT] = checkpoint
+    if node is not None:
+        ann[keys.ANN_ASSIGNED_GPUS] = f"{node}:{','.join(map(str, indices))}"
+        ann[keys.ANN_ASSIGNED_AT] = "2026-11-21T20:00:00Z"
+    limits = {"cpu": "16", "memory": "128Gi", keys.DEFAULT_GPU_RESOURCE: str(gpus)}
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "registry.local/train:3",
+                "command": ["torchrun", "train.py"],
+                "resources": {"limits": limits, "requests": dict(limits)},
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+            }
+        ],
+        "restartPolicy": "Never",
+        "schedulerName": "default-scheduler",
+        "priority": 1000 if priority == "high" else 0,
+        "preemptionPolicy": "PreemptLowerPriority",
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    if node is not None:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "online" if priority == "high" else "batch",
+            "labels": labels,
+            "annotations": ann,
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": name.rsplit("-", 1)[0],
+                    "uid": "j",
+                    "controller": True,
+                }
+            ],
+            "managedFields": [
+                {"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1"}
+            ],
+        },
+        "spec": spec,
+    }
+
+
+async def load_cluster(
+    store: MemoryStore, *, nodes: int, running: int, pending: int, seed: int
+) -> list[JsonObj]:
+    """Create the cluster in ``store``; return the pending pods as stored (with uids)."""
+    rng = random.Random(seed)
+    standby_from = nodes - max(1, nodes // 25)  # 4 % of nodes form the standby pool
+    free: dict[str, list[int]] = {}
+    for i in range(nodes):
+        obj, status = gpunode(rng, i, standby=i >= standby_from)
+        await store.create(Kind.GPUNODE, obj)
+        await store.patch(Kind.GPUNODE, obj["metadata"]["name"], {"status": status}, subresource="status")
+        if i < standby_from:
+            free[obj["metadata"]["name"]] = [
+                d for d in range(8) if status["devices"][str(d)]["health"] == "Healthy"
+            ]
+    names = list(free)
+    for p in range(running):
+        gpus = rng.choice((1, 1, 1, 2))
+        node = rng.choice(names)
+        while len(free[node]) < gpus:
+            node = rng.choice(names)
+        indices = tuple(free[node][:gpus])
+        del free[node][:gpus]
+        prio = "high" if rng.random() < 0.3 else "low"
+        obj = pod(
+            f"run-{p}-0",
+            gpus=gpus,
+            priority=prio,
+            owner=rng.choice(OWNERS),
+            tier="LA",
+            node=node,
+            indices=indices,
+        )
+        created = await store.create(Kind.POD, obj)
+        meta = created["metadata"]
+        await store.patch(
+            Kind.POD,
+            meta["name"],
+            {"status": {"phase": "Running"}},
+            namespace=meta["namespace"],
+            subresource="status",
+        )
+    # Pending pods arrive as jobs (1-8 pods with one spec each, scheduled one after the
+    # other, as kube-scheduler sees a job's pods): HP reclaim pods of online jobs, HP
+    # online pods, LP batch pods.
+    out: list[JsonObj] = []
+    job = 0
+    while len(out) < pending:
+        job += 1
+        size = rng.choice((1, 1, 2, 4, 8))
+        r = rng.random()
+        if r < 0.15:
+            spec: dict[str, Any] = dict(
+                gpus=rng.choice((1, 2, 4)), priority="high", owner=rng.choice(OWNERS),
+                tier=rng.choice(("HA", "MA")), gpu_type=MODELS[0], reclaim=True,
+                checkpoint=f"ckpt-{job % 50}",
+            )  # fmt: skip
+            prefix = "reclaim"
+        elif r < 0.35:
+            spec = dict(gpus=rng.choice((2, 4, 8)), priority="high", owner=rng.choice(OWNERS), tier="HA")
+            prefix = "online"
+        else:
+            spec = dict(
+                gpus=rng.choice((1, 1, 2, 4)), priority="low", owner=None,
+                tier=rng.choice(("LA", "LA", "MA")), gpu_type=rng.choice((None, None, MODELS[-1])),
+            )  # fmt: skip
+            prefix = "batch"
+        for k in range(min(size, pending - len(out))):
+            out.append(await store.create(Kind.POD, pod(f"{prefix}-{job}-{k}", **spec)))
+    return out
+
+
+# --------------------------------------------------------------------------- server process
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def server_main(conn: Connection, args: argparse.Namespace) -> None:
+    os.sched_setaffinity(0, {args.server_cpu})
+    logging.getLogger("extender").setLevel(logging.ERROR)  # binds racing for a node are expected
+    if not args.profile:
+        asyncio.run(_server(conn, args))
+        return
+    profile = cProfile.Profile()
+    profile.runcall(asyncio.run, _server(conn, args, profile=profile))
+    pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
+
+
+async def _server(
+    conn: Connection, args: argparse.Namespace, *, profile: cProfile.Profile | None = None
+) -> None:
+    store = MemoryStore(history_revisions=1_000_000)
+    t0 = time.perf_counter()
+    pending = await load_cluster(
+        store, nodes=args.nodes, running=args.pods, pending=args.cycles + args.warmup, seed=args.seed
+    )
+    load_s = time.perf_counter() - t0
+    settings = Settings(
+        store=StoreSettings(kind="memory"), extender=ExtenderSettings(port=0, reservation_ttl_seconds=300)
+    )
+    app = extserver.create_app(settings, store)
+    recorded: dict[str, list[float]] = {v: [] for v in VERBS}
+
+    @web.middleware
+    async def record(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        start = time.perf_counter()
+        try:
+            return await handler(request)
+        finally:
+            verb = request.path.lstrip("/")
+            if verb in recorded:
+                recorded[verb].append(time.perf_counter() - start)
+
+    app.middlewares.insert(0, record)
+
+    async def empty(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({})
+
+    floor = web.Application(client_max_size=64 << 20)
+    floor.router.add_post("/empty", empty)
+    runners = [web.AppRunner(app), web.AppRunner(floor)]
+    urls = []
+    for runner in runners:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        urls.append(f"http://{host}:{port}")
+    inv = app[extserver.INVENTORY]
+    pod_watch = app[extserver.WATCHES][Kind.POD]
+    # ready, and the watch applied the load's last write (polling: nothing to wait on)
+    while not inv.ready or int(pod_watch.resource_version or 0) < store.revision:  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    gc_pauses: list[float] = []
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        elif info["generation"] == 2:
+            gc_pauses.append(time.perf_counter() - gc_started[0])
+
+    gc.callbacks.append(on_gc)
+    if profile is not None:  # profile the serving only
+        profile.disable()
+        profile.clear()
+        profile.enable()
+    conn.send({"urls": urls, "pending": pending, "load_s": load_s, "summary": inv.summary()})
+    await asyncio.to_thread(conn.recv)  # the client is done
+    for v in recorded:
+        recorded[v] = recorded[v][args.warmup :]
+    reg = app[extserver.METRICS].registry
+    hist = {
+        v: (
+            reg.get_sample_value(f"{REQUEST_SECONDS}_sum", {"verb": v, "status": "200"}) or 0.0,
+            reg.get_sample_value(f"{REQUEST_SECONDS}_count", {"verb": v, "status": "200"}) or 0.0,
+        )
+        for v in VERBS
+    }
+    gc.callbacks.remove(on_gc)
+    cache = app[extserver.FILTER_CACHE]
+    conn.send(
+        {
+            "recorded": recorded,
+            "hist": hist,
+            "summary": inv.summary(),
+            "gc2": gc_pauses,
+            "cache": (cache.full, cache.incremental),
+        }
+    )
+    for runner in runners:
+        await runner.cleanup()
+    await store.close()
+
+
+# --------------------------------------------------------------------------- client
+
+
+async def client(
+    args: argparse.Namespace, urls: list[str], pending: list[JsonObj], names: list[str]
+) -> dict[str, Any]:
+    url, floor_url = urls
+    times: dict[str, list[float]] = {v: [] for v in (*VERBS, "empty", "cycle")}
+    outcomes = {"bound": 0, "unschedulable": 0, "bind_error": 0}
+    binds: set[asyncio.Task[None]] = set()
+    sizes: dict[str, list[int]] = {v: [] for v in (*VERBS, "empty")}
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.bind_connections)) as bind_session,
+    ):
+
+        async def call(
+            u: str, body: Any, verb: str, record: bool, on: aiohttp.ClientSession | None = None
+        ) -> Any:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            t = time.perf_counter()
+            async with (on or session).post(
+                u, data=data, headers={"Content-Type": "application/json"}
+            ) as resp:
+                raw = await resp.read()
+                assert resp.status == 200, raw[:300]
+            if record:
+                times[verb].append(time.perf_counter() - t)
+                sizes[verb].append(len(raw))
+            if verb == "filter":
+                # The scheduler's cycle needs only NodeNames: decode just that member (the
+                # reasons are for its FailedScheduling event, which Go decodes in no time).
+                start = raw.index(b'"NodeNames":') + len(b'"NodeNames":')
+                return {"NodeNames": _DECODER.raw_decode(raw[start:].decode())[0]}
+            return json.loads(raw)
+
+        t_start = 0.0
+        names_json = json.dumps(names).encode()
+        for n, p in enumerate(pending):
+            record = n >= args.warmup
+            if n == args.warmup:
+                t_start = time.perf_counter()
+            t_cycle = time.perf_counter()
+            # encoded as a Go client would: once per request, the node list spliced in
+            pod_json = json.dumps(p).encode()
+            body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}"
+            res = await call(f"{url}/filter", body, "filter", record)
+            passed = res["NodeNames"]
+            if not passed:
+                outcomes["unschedulable"] += 1
+                continue
+            body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + json.dumps(passed).encode() + b"}"
+            scores = await call(f"{url}/prioritize", body, "prioritize", record)
+            best = max(scores, key=lambda h: h["Score"])["Host"]
+            meta = p["metadata"]
+            bind = {
+                "PodName": meta["name"],
+                "PodNamespace": meta["namespace"],
+                "PodUID": meta["uid"],
+                "Node": best,
+            }
+
+            async def bind_async(body: dict[str, str], record: bool) -> None:
+                res = await call(f"{url}/bind", body, "bind", record, bind_session)
+                outcomes["bound" if not res["Error"] else "bind_error"] += 1
+
+            if args.sync_bind:
+                await bind_async(bind, record)
+            else:  # kube-scheduler binds in a goroutine while the next cycle runs
+                task = asyncio.create_task(bind_async(bind, record), name=f"bind-{n}")
+                binds.add(task)
+                task.add_done_callback(binds.discard)
+            if record:
+                times["cycle"].append(time.perf_counter() - t_cycle)
+        await asyncio.gather(*binds)
+        elapsed = time.perf_counter() - t_start
+        empty_body = (
+            b'{"Pod":' + json.dumps(pending[0]).encode() + b',"Nodes":null,"NodeNames":' + names_json + b"}"
+        )
+        for _ in range(args.cycles):
+            await call(f"{floor_url}/empty", empty_body, "empty", True)
+    return {"times": times, "elapsed": elapsed, "outcomes": outcomes, "sizes": sizes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1250)
+    parser.add_argument("--pods", type=int, default=5000, help="running pods holding GPUs")
+    parser.add_argument("--cycles", type=int, default=1000, help="scheduling cycles measured")
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--server-cpu", type=int, default=0)
+    parser.add_argument("--client-cpu", type=int, default=0)
+    parser.add_argument("--sync-bind", action="store_true", help="await each bind before the next cycle")
+    parser.add_argument("--bind-connections", type=int, default=4)
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() after loading, in both processes"
+    )
+    parser.add_argument("--profile", type=int, default=0, help="print the server's N costliest functions")
+    args = parser.parse_args()
+
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=server_main, args=(child, args), name="extender-bench-server")
+    proc.start()
+    os.sched_setaffinity(0, {args.client_cpu})
+    hello = parent.recv()
+    names = [f"gpu-{i:05d}" for i in range(args.nodes)]
+    if args.gc_freeze:  # the client's own long-lived data (the pending pods) out of the collector's way
+        gc.collect()
+        gc.freeze()
+    result = asyncio.run(client(args, hello["urls"], hello["pending"], names))
+    parent.send("done")
+    server = parent.recv()
+    proc.join()
+
+    report(args, hello, result, server)
+
+
+def _ms(values: list[float], q: float) -> str:
+    return f"{percentile(values, q) * 1000:.2f}"
+
+
+def report(
+    args: argparse.Namespace, hello: dict[str, Any], result: dict[str, Any], server: dict[str, Any]
+) -> None:
+    """Print the figures, the table in Markdown (for the README)."""
+    t, rec = result["times"], server["recorded"]
+    cpu = platform.processor() or platform.platform()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu}), python {platform.python_version()}")
+    print(f"server on CPU {args.server_cpu}, client on CPU {args.client_cpu}; load average {os.getloadavg()}")
+    print(
+        f"cluster: {args.nodes} nodes x 8 GPUs, {args.pods} running pods, loaded in {hello['load_s']:.1f} s"
+    )
+    print(f"inventory: {hello['summary']}")
+    print(f"cycles: {len(t['cycle'])} measured after {args.warmup} warm-up; outcomes {result['outcomes']}")
+    sizes = result["sizes"]
+    print(
+        "mean reply: "
+        + ", ".join(f"{v} {statistics.fmean(sizes[v]) / 1024:.1f} KiB" for v in VERBS if sizes[v])
+    )
+    print()
+    print("| verb | client p50 ms | client p99 ms | server p50 ms | server p99 ms | server mean ms (hist.) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for verb in VERBS:
+        total, count = server["hist"][verb]
+        mean = total / max(1.0, count) * 1000
+        row = [
+            _ms(t[verb], 0.5),
+            _ms(t[verb], 0.99),
+            _ms(rec[verb], 0.5),
+            _ms(rec[verb], 0.99),
+            f"{mean:.2f}",
+        ]
+        print(f"| {verb} | " + " | ".join(row) + " |")
+    floor = f"{_ms(t['empty'], 0.5)} | {_ms(t['empty'], 0.99)}"
+    print(f"| empty handler (HTTP floor, same body as filter) | {floor} | | | |")
+    print(f"| whole cycle | {_ms(t['cycle'], 0.5)} | {_ms(t['cycle'], 0.99)} | | | |")
+    print()
+    binds = "awaited" if args.sync_bind else "asynchronous, as kube-scheduler's binding cycle"
+    print(
+        f"cycles per second: {len(t['cycle']) / result['elapsed']:.0f} (filter -> prioritize, bind {binds})"
+    )
+    busy = sum(sum(rec[v]) for v in VERBS)
+    per_cycle = busy / len(t["cycle"])
+    print(f"server time per cycle: {per_cycle * 1000:.2f} ms = {1 / per_cycle:.0f} cycles/s of one core")
+    print(f"filter p50 / HTTP floor p50: {percentile(t['filter'], 0.5) / percentile(t['empty'], 0.5):.2f}x")
+    gc2 = server["gc2"]
+    print(
+        f"server: {len(gc2)} full (gen 2) collections, longest {max(gc2, default=0) * 1000:.1f} ms; "
+        f"filter cache {server['cache'][0]} full / {server['cache'][1]} incremental"
+    )
+
+
+if __name__ == "__main__":
+    main()

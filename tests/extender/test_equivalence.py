@@ -1,0 +1,159 @@
+"""The per-class filter cache (extender.equivalence) answers exactly as a full filter does."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extender import scheduling
+from extender.equivalence import FilterCache, PriorityCache
+from extender.state import Inventory
+from flexlease.api.pod import parse_pod
+from flexlease.store.base import EventType, WatchEvent
+from tests.extender import payloads
+
+NAMES = [f"n{i}" for i in range(12)]
+
+
+def cluster(rng: random.Random) -> Inventory:
+    inv = Inventory()
+    nodes = []
+    for i, name in enumerate(NAMES[:-1]):  # the last candidate has no GPUNode
+        nodes.append(
+            payloads.gpunode(
+                name,
+                gpus=4,
+                tiers=[rng.choice(["HA", "MA", "LA"]) for _ in range(4)],
+                owners={0: "ml/online"} if i % 3 == 0 else {},
+                pool="standby" if i >= 9 else "general",
+                model=payloads.A100 if i == 5 else payloads.H20,
+            )
+        )
+    inv.replace_nodes(nodes)
+    inv.replace_pods([])
+    return inv
+
+
+def random_change(inv: Inventory, rng: random.Random, step: int) -> None:
+    name = rng.choice(NAMES[:-1])
+    kind = rng.random()
+    if kind < 0.6:
+        idx = rng.sample(range(4), rng.choice((1, 2)))
+        view = inv.snapshot().get(name)
+        assert view is not None
+        if any(view.devices[i].holder is not None for i in idx):
+            return
+        pod = payloads.pod(
+            f"p{step}",
+            uid=f"u{step}",
+            node_name=name,
+            phase="Running",
+            priority=rng.choice(["low", "high"]),
+            annotations=payloads.assigned(name, *sorted(idx)),
+        )
+        inv.apply_pod_event(WatchEvent(EventType.ADDED, pod))
+    elif kind < 0.8:
+        holders = [u for v in inv.snapshot().nodes.values() for u in v.holders]
+        if holders:
+            uid = rng.choice(holders)
+            inv.apply_pod_event(WatchEvent(EventType.DELETED, {"metadata": {"uid": uid}}))
+    else:
+        unhealthy = {rng.randrange(4)} if rng.random() < 0.5 else set()
+        i = NAMES.index(name)
+        inv.apply_node_event(
+            WatchEvent(
+                EventType.MODIFIED,
+                payloads.gpunode(
+                    name,
+                    gpus=4,
+                    unhealthy=unhealthy,
+                    owners={0: "ml/online"} if i % 3 == 0 else {},
+                    pool="standby" if i >= 9 else "general",
+                    model=payloads.A100 if i == 5 else payloads.H20,
+                ),
+            )
+        )
+
+
+PODS = [
+    payloads.pod("a", gpus=1),
+    payloads.pod("b", gpus=3, tier="HA"),
+    payloads.pod("c", gpus=2, priority="high", owner="online", reclaim=True, gpu_type=payloads.H20),
+    payloads.pod("d", gpus=4, priority="high", owner="other"),
+    payloads.pod("e", gpus=2, gpu_type=payloads.A100),
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 60))
+def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
+    rng = random.Random(seed)
+    inv = cluster(rng)
+    cache = FilterCache(max_classes=3)
+    reqs = [parse_pod(p) for p in PODS]
+    for step in range(steps):
+        random_change(inv, rng, step)
+        req = rng.choice(reqs)
+        snap = inv.snapshot()
+        got = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+        want = scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
+        assert sorted(got.passed) == sorted(n for n, v in zip(NAMES, want, strict=True) if v.ok)
+        assert got.failed == {
+            n: v.reason for n, v in zip(NAMES, want, strict=True) if v.code is scheduling.Code.UNSCHEDULABLE
+        }
+        assert got.unresolvable == {
+            n: v.reason for n, v in zip(NAMES, want, strict=True) if v.code is scheduling.Code.UNRESOLVABLE
+        }
+        assert sum(got.counts.values()) == len(NAMES)
+        reply = json.loads(got.encode())
+        assert reply == {
+            "Nodes": None,
+            "NodeNames": got.passed,
+            "FailedNodes": got.failed,
+            "FailedAndUnresolvableNodes": got.unresolvable,
+            "Error": "",
+        }
+    assert cache.full + cache.incremental == steps
+
+
+def test_reuses_results_and_falls_back_when_the_candidates_differ() -> None:
+    inv = cluster(random.Random(1))
+    cache = FilterCache()
+    req = parse_pod(PODS[0])
+    snap = inv.snapshot()
+    first = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+    again = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+    assert again is first and cache.incremental == 1
+    cache.filter(req, snap.nodes, NAMES[:3], version=snap.version, changed_since=inv.changed_since)
+    assert cache.full == 2
+
+
+def test_node_names_needing_escapes_are_encoded_correctly() -> None:
+    inv = cluster(random.Random(2))
+    cache = FilterCache()
+    snap = inv.snapshot()
+    names = ['we"ird\\node', "ünïcode"]
+    result = cache.filter(
+        parse_pod(PODS[0]), snap.nodes, names, version=snap.version, changed_since=inv.changed_since
+    )
+    assert set(json.loads(result.encode())["FailedAndUnresolvableNodes"]) == set(names)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 60))
+def test_cached_scores_equal_fresh_scores(seed: int, steps: int) -> None:
+    rng = random.Random(seed)
+    inv = cluster(rng)
+    cache = PriorityCache(max_classes=3)
+    reqs = [parse_pod(p) for p in PODS]
+    for step in range(steps):
+        random_change(inv, rng, step)
+        req = rng.choice(reqs)
+        snap = inv.snapshot()
+        names = rng.sample(NAMES, rng.randrange(len(NAMES) + 1)) if rng.random() < 0.3 else NAMES
+        body = cache.prioritize(req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since)
+        want = scheduling.score_nodes(req, [snap.nodes.get(n) for n in names])
+        assert json.loads(body) == [{"Host": n, "Score": s} for n, s in zip(names, want, strict=True)]

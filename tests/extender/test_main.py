@@ -1,0 +1,191 @@
+"""The extender process (extender.main): real TCP listeners, HTTPS, config, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from extender import main as extmain
+from flexlease.api import keys
+from flexlease.config import ExtenderSettings, Settings, StoreSettings
+from flexlease.store.base import Kind
+from flexlease.store.memory import MemoryStore
+from flexlease.store.sqlite import SqliteStore
+from tests.extender import payloads
+from tests.extender.conftest import add_node, add_pod
+
+
+@asynccontextmanager
+async def serving(settings: Settings, store: MemoryStore) -> AsyncIterator[str]:
+    """Run :func:`extender.main.serve` (the production runner) and yield its URL."""
+    stop = asyncio.Event()
+    urls: list[str] = []
+    listening = asyncio.Event()
+
+    def on_listening(u: list[str]) -> None:
+        urls.extend(u)
+        listening.set()
+
+    task = asyncio.create_task(
+        extmain.serve(settings, store, stop=stop, on_listening=on_listening), name="test-serve"
+    )
+    try:
+        await asyncio.wait_for(listening.wait(), 5)
+        yield urls[0]
+    finally:
+        stop.set()
+        await task
+
+
+async def wait_ready(session: aiohttp.ClientSession, url: str, **kw: Any) -> None:
+    for _ in range(200):
+        async with session.get(f"{url}/readyz", **kw) as resp:
+            if resp.status == 200:
+                return
+        await asyncio.sleep(0.01)
+    raise AssertionError("extender never became ready")
+
+
+def make_settings(**extender: Any) -> Settings:
+    return Settings(store=StoreSettings(kind="memory"), extender=ExtenderSettings(port=0, **extender))
+
+
+async def test_serves_over_tcp_and_bind_commits_when_the_scheduler_hangs_up() -> None:
+    store = MemoryStore()
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    pod = await add_pod(store, payloads.pod("p", gpus=1))
+    real_bind = store.bind
+
+    async def slow_bind(namespace: str, name: str, *, uid: str | None, node: str) -> None:
+        await asyncio.sleep(0.3)
+        await real_bind(namespace, name, uid=uid, node=node)
+
+    store.bind = slow_bind  # type: ignore[method-assign]
+    try:
+        async with serving(make_settings(), store) as url, aiohttp.ClientSession() as session:
+            assert url.startswith("http://127.0.0.1:")
+            await wait_ready(session, url)
+            async with session.post(
+                f"{url}/filter", json=payloads.extender_args(payloads.pod("q", gpus=2), ["n1", "n2"])
+            ) as resp:
+                reply = await resp.json()
+            assert reply["NodeNames"] == ["n1"]
+            with pytest.raises(asyncio.TimeoutError):
+                await session.post(
+                    f"{url}/bind",
+                    json=payloads.binding_args(pod, "n1"),
+                    timeout=aiohttp.ClientTimeout(total=0.05),
+                )
+            for _ in range(100):  # the handler is not cancelled: the bind completes
+                stored = await store.get(Kind.POD, "p", namespace="ml")
+                if stored["spec"].get("nodeName"):
+                    break
+                await asyncio.sleep(0.02)
+            assert stored["spec"]["nodeName"] == "n1"
+            assert stored["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == "n1:0"
+    finally:
+        await store.close()
+
+
+def make_cert(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=flexlease-extender", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+async def test_https_when_tls_files_are_set(tmp_path: Path) -> None:
+    cert, key = make_cert(tmp_path)
+    store = MemoryStore()
+    await add_node(store, payloads.gpunode("n1"))
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+    try:
+        settings = make_settings(tls_cert_file=cert, tls_key_file=key)
+        async with serving(settings, store) as url, aiohttp.ClientSession() as session:
+            assert url.startswith("https://")
+            await wait_ready(session, url, ssl=client_ctx)
+            async with session.post(
+                f"{url}/filter", json=payloads.extender_args(payloads.pod("p"), ["n1"]), ssl=client_ctx
+            ) as resp:
+                assert (await resp.json())["NodeNames"] == ["n1"]
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await session.get(f"{url}/healthz")  # default trust store: not our CA
+            with pytest.raises(aiohttp.ClientError):
+                await session.get(url.replace("https", "http") + "/healthz")
+    finally:
+        await store.close()
+
+
+def test_bad_configuration_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("extender:\n  port: -1\n")
+    assert extmain.main(["--config", str(config)]) == 2
+    assert "bad configuration" in capsys.readouterr().err
+
+
+async def test_process_serves_sqlite_store_and_stops_on_sigterm(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    seed = SqliteStore(db)
+    await seed.open()
+    await add_node(seed, payloads.gpunode("n1", gpus=4))
+    await seed.close()
+    config = tmp_path / "extender.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "log_format": "json",
+                "store": {"kind": "sqlite", "sqlite_path": str(db)},
+                "extender": {"host": "127.0.0.1", "port": 0},
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXLEASE_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "extender.main", "--config", str(config),
+        stderr=asyncio.subprocess.PIPE, env=env, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        url = None
+        lines: list[str] = []
+        while url is None:
+            raw = await asyncio.wait_for(proc.stderr.readline(), 20)
+            assert raw, f"extender exited: {lines}"
+            lines.append(raw.decode())
+            record = json.loads(raw)
+            if record["msg"] == "extender listening":
+                url = record["urls"][0]
+        async with aiohttp.ClientSession() as session:
+            await wait_ready(session, url)
+            async with session.post(
+                f"{url}/filter", json=payloads.extender_args(payloads.pod("p", gpus=4), ["n1"])
+            ) as resp:
+                assert (await resp.json())["NodeNames"] == ["n1"]
+        proc.send_signal(signal.SIGTERM)
+        rest = await asyncio.wait_for(proc.stderr.read(), 20)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+        assert b"extender stopping" in rest
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

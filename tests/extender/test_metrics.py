@@ -1,0 +1,63 @@
+"""Extender metrics (extender.metrics): instruments on an injected registry, inventory read at scrape time."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from extender.metrics import ExtenderMetrics
+from extender.state import Inventory
+from tests.extender import payloads
+
+
+def test_inventory_gauges_are_read_at_scrape_time() -> None:
+    registry = CollectorRegistry()
+    inv = Inventory()
+    ExtenderMetrics(registry, inv)
+    assert registry.get_sample_value("flexlease_extender_ready") == 0.0
+    inv.replace_nodes([payloads.gpunode("n1", gpus=4, tiers=["HA", "HA", "MA", "LA"], owners={2: "ml/o"})])
+    inv.replace_pods(
+        [
+            payloads.pod(
+                "a", node_name="n1", phase="Running", annotations=payloads.assigned("n1", 0, 2), gpus=2
+            )
+        ]
+    )
+    get = registry.get_sample_value
+    assert get("flexlease_extender_ready") == 1.0
+    assert get("flexlease_extender_nodes") == 1.0
+    assert get("flexlease_extender_gpus", {"state": "free", "tier": "HA", "type": payloads.H20}) == 1.0
+    assert get("flexlease_extender_gpus", {"state": "used", "tier": "HA", "type": payloads.H20}) == 1.0
+    assert get("flexlease_extender_gpus", {"state": "used", "tier": "MA", "type": payloads.H20}) == 1.0
+    assert get("flexlease_extender_gpus", {"state": "lent", "tier": "MA", "type": payloads.H20}) == 1.0
+    inv.assume(uid="u", key="ml/u", node="n1", indices=(3,))
+    assert get("flexlease_extender_reservations") == 1.0
+    assert get("flexlease_extender_gpus", {"state": "used", "tier": "LA", "type": payloads.H20}) == 1.0
+    inv.forget("u")
+    assert get("flexlease_extender_reservation_events_total", {"event": "forgotten"}) == 1.0
+
+
+def test_known_labels_are_preinitialised_and_decisions_counted() -> None:
+    registry = CollectorRegistry()
+    metrics = ExtenderMetrics(registry, Inventory())
+    text = generate_latest(registry).decode()
+    for verb in ("filter", "prioritize", "bind", "preempt"):
+        assert f'flexlease_extender_request_duration_seconds_count{{status="200",verb="{verb}"}} 0.0' in text
+    metrics.count_decisions("filter", {("success", "fits"): 3, ("unresolvable", "wrong_type"): 2})
+    get = registry.get_sample_value
+    assert (
+        get("flexlease_extender_decisions_total", {"verb": "filter", "outcome": "success", "cause": "fits"})
+        == 3
+    )
+    labels = {"verb": "filter", "outcome": "unresolvable", "cause": "wrong_type"}
+    assert get("flexlease_extender_decisions_total", labels) == 2
+
+
+def test_one_registry_per_app_instance() -> None:
+    # two extenders in one process (tests) need their own registries; the same one twice is refused
+    inv = Inventory()
+    registry = CollectorRegistry()
+    ExtenderMetrics(registry, inv)
+    ExtenderMetrics(CollectorRegistry(), inv)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        ExtenderMetrics(registry, inv)

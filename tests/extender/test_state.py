@@ -1,0 +1,194 @@
+"""Inventory (extender.state): derived from GPUNode and Pod events; snapshots; assume/confirm/forget."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from extender.state import Inventory
+from flexlease.api import keys
+from flexlease.api.tiers import Tier
+from flexlease.errors import Conflict
+from flexlease.store.base import EventType, WatchEvent
+from tests.extender import payloads
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def bound_pod(name: str, node: str, *indices: int, **kw: object) -> dict[str, object]:
+    return payloads.pod(
+        name,
+        node_name=node,
+        phase="Running",
+        annotations=payloads.assigned(node, *indices),
+        gpus=len(indices),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def inventory(clock: Clock | None = None) -> Inventory:
+    inv = Inventory(reservation_ttl_seconds=30.0, clock=clock or Clock())
+    inv.replace_nodes([payloads.gpunode("n1"), payloads.gpunode("n2", gpus=4)])
+    inv.replace_pods([])
+    return inv
+
+
+def holders_of(inv: Inventory, node: str) -> dict[int, str | None]:
+    view = inv.snapshot().get(node)
+    assert view is not None
+    return {d.index: d.holder for d in view.devices}
+
+
+def test_ready_only_after_both_lists() -> None:
+    inv = Inventory()
+    assert not inv.ready
+    inv.replace_nodes([])
+    assert not inv.ready and inv.listed == (True, False)
+    inv.replace_pods([])
+    assert inv.ready
+
+
+def test_devices_tiers_tags_health_pool_cache_come_from_gpunode() -> None:
+    inv = Inventory()
+    inv.replace_nodes(
+        [
+            payloads.gpunode(
+                "n1",
+                gpus=3,
+                tiers=["HA", "MA", "LA"],
+                owners={0: "ml/online"},
+                overrides={2: "MA"},
+                unhealthy={1},
+                pool="standby",
+                images=["img:1"],
+                checkpoints=["ckpt-1"],
+            )
+        ]
+    )
+    view = inv.snapshot().get("n1")
+    assert view is not None and view.standby
+    assert [d.tier for d in view.devices] == [Tier.HA, Tier.MA, Tier.MA]
+    assert [d.owner for d in view.devices] == ["ml/online", None, None]
+    assert [d.healthy for d in view.devices] == [True, False, True]
+    assert view.images == {"img:1"} and view.checkpoints == {"ckpt-1"}
+
+
+def test_assignments_of_non_terminated_pods_take_devices() -> None:
+    inv = inventory()
+    inv.apply_pod_event(WatchEvent(EventType.ADDED, bound_pod("a", "n1", 0, 1, uid="u-a")))
+    inv.apply_pod_event(WatchEvent(EventType.ADDED, bound_pod("b", "n1", 2, uid="u-b")))
+    assert holders_of(inv, "n1") == {0: "u-a", 1: "u-a", 2: "u-b"} | {i: None for i in range(3, 8)}
+    done = bound_pod("b", "n1", 2, uid="u-b")
+    done["status"] = {"phase": "Succeeded"}
+    inv.apply_pod_event(WatchEvent(EventType.MODIFIED, done))
+    assert holders_of(inv, "n1")[2] is None
+    inv.apply_pod_event(WatchEvent(EventType.DELETED, bound_pod("a", "n1", 0, 1, uid="u-a")))
+    assert set(holders_of(inv, "n1").values()) == {None}
+
+
+def test_relist_replaces_everything() -> None:
+    inv = inventory()
+    inv.apply_pod_event(WatchEvent(EventType.ADDED, bound_pod("a", "n1", 0, uid="u-a")))
+    inv.replace_pods([bound_pod("c", "n2", 3, uid="u-c")])
+    inv.replace_nodes([payloads.gpunode("n2", gpus=4)])
+    snap = inv.snapshot()
+    assert set(snap.nodes) == {"n2"}
+    assert holders_of(inv, "n2")[3] == "u-c"
+
+
+def test_snapshot_is_versioned_and_copies_only_changed_nodes() -> None:
+    inv = inventory()
+    s1 = inv.snapshot()
+    assert inv.snapshot() is s1
+    inv.apply_pod_event(WatchEvent(EventType.ADDED, bound_pod("a", "n1", 0, uid="u-a")))
+    s2 = inv.snapshot()
+    assert s2.version > s1.version
+    assert s2.get("n2") is s1.get("n2")
+    assert s2.get("n1") is not s1.get("n1")
+    old = s1.get("n1")
+    assert old is not None and old.devices[0].holder is None  # s1 did not change
+    # an identical GPUNode update changes nothing
+    inv.apply_node_event(WatchEvent(EventType.MODIFIED, payloads.gpunode("n2", gpus=4)))
+    assert inv.snapshot() is s2
+
+
+def test_assume_confirm() -> None:
+    inv = inventory()
+    inv.assume(uid="u-a", key="ml/a", node="n1", indices=(0, 1))
+    assert holders_of(inv, "n1")[0] == "u-a"
+    view = inv.snapshot().get("n1")
+    assert view is not None and view.holders["u-a"].reserved
+    with pytest.raises(Conflict):
+        inv.assume(uid="u-b", key="ml/b", node="n1", indices=(1, 2))
+    annotated = payloads.pod("a", uid="u-a", annotations=payloads.assigned("n1", 0, 1), gpus=2)
+    inv.apply_pod_event(WatchEvent(EventType.MODIFIED, annotated))
+    assert inv.reservation("u-a") is None
+    assert inv.stats.confirmed == 1
+    assert holders_of(inv, "n1")[0] == "u-a"
+    view = inv.snapshot().get("n1")
+    assert view is not None and not view.holders["u-a"].reserved
+
+
+def test_forget_frees_the_devices() -> None:
+    inv = inventory()
+    inv.assume(uid="u-a", key="ml/a", node="n1", indices=(5,))
+    assert inv.forget("u-a")
+    assert not inv.forget("u-a")
+    assert holders_of(inv, "n1")[5] is None
+
+
+def test_unconfirmed_reservation_expires(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    inv = inventory(clock)
+    inv.assume(uid="u-a", key="ml/a", node="n1", indices=(0,))
+    clock.now += 29
+    assert holders_of(inv, "n1")[0] == "u-a"
+    clock.now += 2
+    with caplog.at_level(logging.WARNING):
+        assert holders_of(inv, "n1")[0] is None
+    assert inv.stats.expired == 1
+    assert "expired" in caplog.text
+
+
+def test_assume_rejects_unknown_devices_and_nodes() -> None:
+    inv = inventory()
+    with pytest.raises(Conflict):
+        inv.assume(uid="u", key="ml/u", node="n9", indices=(0,))
+    with pytest.raises(Conflict):
+        inv.assume(uid="u", key="ml/u", node="n2", indices=(4,))
+
+
+def test_malformed_objects_are_logged_and_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    inv = inventory()
+    bad_pod = payloads.pod("bad", annotations={keys.ANN_ASSIGNED_GPUS: "n1:x"})
+    bad_node = payloads.gpunode("n3")
+    bad_node["status"]["devices"]["0"]["health"] = "Sparkly"
+    with caplog.at_level(logging.WARNING):
+        inv.apply_pod_event(WatchEvent(EventType.ADDED, bad_pod))
+        inv.apply_node_event(WatchEvent(EventType.ADDED, bad_node))
+    assert inv.stats.bad_objects == 2
+    assert inv.snapshot().get("n3") is None
+    assert caplog.text.count("ignoring") == 2
+
+
+def test_device_counts_for_gauges() -> None:
+    inv = Inventory()
+    inv.replace_nodes(
+        [payloads.gpunode("n1", gpus=4, tiers=["HA", "HA", "MA", "LA"], owners={1: "ml/o"}, unhealthy={3})]
+    )
+    inv.replace_pods([bound_pod("a", "n1", 0, uid="u-a")])
+    counts = {(c.state, c.tier, c.model): c.count for c in inv.device_counts()}
+    assert counts == {
+        ("used", "HA", payloads.H20): 1,
+        ("free", "HA", payloads.H20): 1,
+        ("lent", "HA", payloads.H20): 1,
+        ("free", "MA", payloads.H20): 1,
+        ("unhealthy", "LA", payloads.H20): 1,
+    }
