@@ -6,7 +6,8 @@ environment ``FLEXLEASE_*``), set up logging, open the store
 and serve it over HTTP, or HTTPS when ``extender.tls_cert_file``/``tls_key_file`` are set
 (kube-scheduler's ``enableHTTPS``), until SIGTERM or SIGINT; then stop accepting, let
 running requests finish within ``extender.shutdown_timeout_seconds``, run the cleanup
-contexts (watch loops) and close the store.
+contexts (watch loops, the lease controller of :mod:`extender.lease.controller`, which runs
+on a clock accelerated by ``clock_speedup``) and close the store.
 
 Neighbours: builds :mod:`extender.server`; nothing imports this module.
 """
@@ -27,6 +28,8 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from pydantic import ValidationError
 
 import flexlease.logging
+from extender.lease import controller as lease_controller
+from extender.lease.clock import ScaledClock, SystemClock
 from extender.server import CleanupContext, create_app
 from flexlease import config
 from flexlease.config import Settings
@@ -98,8 +101,11 @@ async def run(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     store = await factory.open_store(settings.store)
+    registry = process_registry()
+    clock = SystemClock() if settings.clock_speedup == 1.0 else ScaledClock(settings.clock_speedup)
+    lease = lease_controller.cleanup_ctx(settings, store, registry=registry, clock=clock)
     try:
-        await serve(settings, store, stop=stop, registry=process_registry())
+        await serve(settings, store, stop=stop, registry=registry, extra_contexts=[lease])
     finally:
         await store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -133,6 +133,9 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
     log_format: Literal["json", "text"] = "json"
+    clock_speedup: float = Field(default=1.0, gt=0)
+    """Simulated time runs this many times faster than real time (demo, simulator); 1 = real.
+    Scales grace periods and resyncs of the lease controller (``FLEXLEASE_CLOCK_SPEEDUP``)."""
     store: StoreSettings = Field(default_factory=StoreSettings)
     tiers: TierSettings = Field(default_factory=TierSettings)
     extender: ExtenderSettings = Field(default_factory=ExtenderSettings)

@@ -7,6 +7,7 @@ simulated day advances :class:`ManualClock` instead of sleeping.
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -74,3 +75,23 @@ class ManualClock:
         finally:
             if timer is not None:
                 self._timers.remove(timer)
+
+
+class ScaledClock:
+    """Accelerated wall time for the demo and the simulator: from ``start`` (default: now),
+    time runs ``speedup`` times faster than real time (``speedup`` > 0; 1 = real time), so a
+    45 s grace period passes in 45/``speedup`` real seconds. Raises ``ValueError`` for
+    ``speedup`` <= 0."""
+
+    def __init__(self, speedup: float, *, start: datetime | None = None) -> None:
+        if speedup <= 0:
+            raise ValueError(f"clock speed-up must be > 0, got {speedup!r}")
+        self._speedup = speedup
+        self._start = (start or datetime.now(UTC)).astimezone(UTC)
+        self._t0 = time.monotonic()
+
+    def now(self) -> datetime:
+        return self._start + timedelta(seconds=(time.monotonic() - self._t0) * self._speedup)
+
+    async def wait(self, event: asyncio.Event, after: float | None) -> None:
+        await SystemClock().wait(event, None if after is None else after / self._speedup)

@@ -189,3 +189,59 @@ async def test_process_serves_sqlite_store_and_stops_on_sigterm(tmp_path: Path) 
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_process_runs_the_lease_controller_on_an_accelerated_clock(tmp_path: Path) -> None:
+    """The extender process runs the lease controller; with ``clock_speedup`` a 30 s grace
+    period passes in milliseconds and the LP pod on the reclaimed GPU is evicted."""
+    db = tmp_path / "state.db"
+    seed = SqliteStore(db)
+    await seed.open()
+    await add_node(seed, payloads.gpunode("n1", gpus=2, owners={0: "ml/ranker"}))
+    lp = payloads.pod(
+        "lp-0", priority="low", node_name="n1", phase="Running", annotations=payloads.assigned("n1", 0)
+    )
+    await add_pod(seed, lp)
+    await seed.create(
+        Kind.GPULEASE,
+        {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.GPULEASE_KIND,
+            "metadata": {"name": "peak", "namespace": "ml"},
+            "spec": {
+                "owner": "ml/ranker",
+                "action": "Reclaim",
+                "devices": [{"node": "n1", "index": 0}],
+                "gracePeriodSeconds": 30,
+            },
+        },
+    )
+    await seed.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXLEASE_")}
+    env.update(
+        FLEXLEASE_STORE__KIND="sqlite",
+        FLEXLEASE_STORE__SQLITE_PATH=str(db),
+        FLEXLEASE_EXTENDER__PORT="0",
+        FLEXLEASE_CLOCK_SPEEDUP="1000",
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "extender.main", stderr=asyncio.subprocess.DEVNULL, env=env,
+        cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    store = SqliteStore(db)
+    await store.open()
+    try:
+        lease: dict[str, Any] = {}
+        names: list[str] = ["lp-0"]
+        for _ in range(300):  # 15 s real time at most; the grace period is 30 ms of it
+            lease = await store.get(Kind.GPULEASE, "peak", namespace="ml")
+            names = [p["metadata"]["name"] for p in (await store.list(Kind.POD, namespace="ml")).items]
+            if not names:
+                break
+            await asyncio.sleep(0.05)
+        assert names == [], lease.get("status")  # evicted
+        assert "ml/lp-0" in lease["status"]["preemptedPods"]
+    finally:
+        await store.close()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0

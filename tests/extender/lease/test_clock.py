@@ -47,3 +47,16 @@ async def test_system_clock_sets_the_event_after_the_delay() -> None:
     await asyncio.wait_for(clock.wait(event, 0.02), 1)
     assert event.is_set() and clock.now() - before >= timedelta(seconds=0.015)
     assert clock.now().tzinfo is UTC
+
+
+async def test_scaled_clock_runs_faster_than_real_time() -> None:
+    from extender.lease.clock import ScaledClock
+
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    clock = ScaledClock(1000, start=start)
+    event = asyncio.Event()
+    await asyncio.wait_for(clock.wait(event, 30), 2)  # 30 simulated seconds in ~30 ms
+    assert event.is_set()
+    assert clock.now() - start >= timedelta(seconds=30)
+    with pytest.raises(ValueError):
+        ScaledClock(0)
