@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from extender.lease.clock import ManualClock, SystemClock
+from extender.lease.clock import ManualClock, ScaledClock, SystemClock
 
 
 async def test_manual_clock_wakes_a_wait_only_when_its_time_comes() -> None:
@@ -50,8 +50,6 @@ async def test_system_clock_sets_the_event_after_the_delay() -> None:
 
 
 async def test_scaled_clock_runs_faster_than_real_time() -> None:
-    from extender.lease.clock import ScaledClock
-
     start = datetime(2026, 1, 1, tzinfo=UTC)
     clock = ScaledClock(1000, start=start)
     event = asyncio.Event()
