@@ -1,0 +1,166 @@
+"""The node agent's composition root (after OpenKruise's ``pkg/daemon/daemon.go``).
+
+:func:`build_context` builds the one :class:`AgentContext` every component shares
+(settings, store, metrics registry, clock, GPU backend, the in-memory GPU board and the
+availability ledger, restored from disk). :func:`run` runs the components in one
+``asyncio.TaskGroup``: the first component to fail stops them all and its error propagates;
+setting the ``stop`` event (SIGTERM, in :mod:`nodeagent.main`) stops them cleanly.
+
+A component is anything with a ``name`` and ``async run(ctx)`` that runs until cancelled
+(:class:`Component`); one that also has ``ready() -> bool`` gets a named ``/readyz`` check
+(:class:`ReadinessCheck`). To add one, append it in :func:`components`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry
+
+from flexlease.config import Settings
+from flexlease.store.base import Store
+from nodeagent import ledger
+from nodeagent.health.backend import GpuBackend
+from nodeagent.health.board import NodeBoard
+from nodeagent.health.clock import Clock
+from nodeagent.health.keeper import LedgerKeeper
+from nodeagent.health.policy import HealthPolicy
+from nodeagent.health.watch import HealthWatch
+from nodeagent.hotrestart.component import runtime_components
+from nodeagent.metrics import AgentMetrics, BoardCollector, MetricsServer, Readiness
+from nodeagent.status import StatusReporter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentContext:
+    """What every component gets: shared, built once in :func:`build_context`."""
+
+    settings: Settings
+    store: Store
+    registry: CollectorRegistry
+    clock: Clock
+    backend: GpuBackend
+    metrics: AgentMetrics
+    board: NodeBoard
+    ledger_file: ledger.LedgerFile
+    readiness: Readiness
+
+    @property
+    def node(self) -> str:
+        return self.settings.agent.node_name
+
+
+@runtime_checkable
+class Component(Protocol):
+    """A long-running part of the agent. ``run`` returns only by being cancelled; raising
+    stops the whole agent."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def run(self, ctx: AgentContext) -> None: ...
+
+
+@runtime_checkable
+class ReadinessCheck(Protocol):
+    """A component with a readiness check (``/readyz`` lists it under its name)."""
+
+    def ready(self) -> bool: ...
+
+
+def components(ctx: AgentContext) -> list[Component]:
+    """The agent's components, in start order. Add new ones (CRI, cache, hot restart) here."""
+    return [
+        HealthWatch(),
+        LedgerKeeper(),
+        StatusReporter(),
+        MetricsServer(),
+        *runtime_components(ctx),
+    ]
+
+
+async def build_context(
+    settings: Settings,
+    store: Store,
+    *,
+    make_backend: Callable[[AgentMetrics], GpuBackend],
+    clock: Clock,
+    registry: CollectorRegistry | None = None,
+) -> AgentContext:
+    """Everything the components share. Restores the ledger from ``agent.state_dir`` (a
+    corrupt file is moved aside and counted). Raises ``ValueError`` when ``agent.node_name``
+    is empty and ``OSError`` when the state directory is unusable. ``make_backend`` gets the
+    metrics so that the backend can count NVML errors."""
+    node = settings.agent.node_name
+    if not node:
+        raise ValueError("agent.node_name is required (NODE_NAME, --node-name or agent.node_name)")
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = AgentMetrics(registry, node)
+    file = ledger.LedgerFile(
+        settings.agent.state_dir,
+        on_corrupt=lambda _moved, _why: metrics.ledger_corrupt.labels(node=node).inc(),
+    )
+    decoded = await asyncio.to_thread(file.load)
+    t = settings.tiers
+    thresholds = ledger.Thresholds(
+        ha=t.ha_threshold,
+        ma=t.ma_threshold,
+        window_seconds=t.window_seconds,
+        refresh_seconds=t.refresh_seconds,
+    )
+    book = ledger.Ledger.restored(node, thresholds, decoded=decoded, now=clock.now())
+    policy = HealthPolicy(
+        application_xids=settings.agent.application_xids,
+        recovery_hold_down_seconds=settings.agent.recovery_hold_down_seconds,
+    )
+    board = NodeBoard(node, policy, book=book)
+    registry.register(BoardCollector(board))
+    return AgentContext(
+        settings=settings,
+        store=store,
+        registry=registry,
+        clock=clock,
+        backend=make_backend(metrics),
+        metrics=metrics,
+        board=board,
+        ledger_file=file,
+        readiness=Readiness(),
+    )
+
+
+class _Stopped(Exception):
+    """Raised inside the task group to stop every component."""
+
+
+async def run(ctx: AgentContext, parts: Sequence[Component], *, stop: asyncio.Event | None = None) -> None:
+    """Run ``parts`` until ``stop`` is set (returns normally) or one fails (its exception
+    propagates, in an ``ExceptionGroup`` with any others that failed while stopping). A
+    component whose ``run`` returns is a failure (``RuntimeError``)."""
+    for part in parts:
+        if isinstance(part, ReadinessCheck):
+            ctx.readiness.add(part.name, part.ready)
+    stop = stop if stop is not None else asyncio.Event()
+    log.info("agent starting", extra={"node": ctx.node, "components": [p.name for p in parts]})
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for part in parts:
+                tg.create_task(_guard(part, ctx), name=f"agent:{part.name}")
+            tg.create_task(_until(stop), name="agent:stop")
+    except* _Stopped:
+        log.info("agent stopped", extra={"node": ctx.node})
+
+
+async def _guard(part: Component, ctx: AgentContext) -> None:
+    await part.run(ctx)
+    raise RuntimeError(f"agent component {part.name!r} returned; components must run until cancelled")
+
+
+async def _until(stop: asyncio.Event) -> None:
+    await stop.wait()
+    raise _Stopped
