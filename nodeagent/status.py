@@ -22,7 +22,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 
 from flexlease.api import keys
-from flexlease.api.resources import AgentInfo, DeviceStatus, Health
+from flexlease.api.resources import AgentInfo, DeviceStatus, GPUNodeSpec, Health, summarize
 from flexlease.api.tiers import Tier
 from flexlease.errors import Conflict, NotFound, StoreError
 from flexlease.logging import ctx as logctx
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OWNED_KEYS: Final = ("nodeIP", "agent", "devices")
+OWNED_KEYS: Final = ("nodeIP", "agent", "devices", "summary")
 """The ``status`` keys this reporter owns; anything else in ``status`` is left alone."""
 MAX_CONFLICT_RETRIES: Final = 5
 
@@ -112,6 +112,15 @@ def merge_diff(current: Any, desired: Any) -> Any:
     return patch
 
 
+def with_summary(desired: JsonObj, current: JsonObj) -> JsonObj:
+    """``desired`` plus ``summary``: the printer-column counts of
+    :func:`flexlease.api.resources.summarize` over these devices and the GPUNode's current
+    ``spec`` (tier overrides, ownership tags; refreshed at least every heartbeat)."""
+    spec = GPUNodeSpec.model_validate(current.get("spec") or {})
+    devices = {i: DeviceStatus.model_validate(d) for i, d in desired.get("devices", {}).items()}
+    return {**desired, "summary": summarize(spec, devices).to_json_obj()}
+
+
 def status_patch(current_status: JsonObj, desired: JsonObj) -> JsonObj:
     """The merge patch for the owned keys of ``status`` only."""
     owned_current = {k: current_status[k] for k in OWNED_KEYS if k in current_status}
@@ -170,7 +179,7 @@ class StatusReporter:
         store, node = ctx.store, ctx.board.node
         for attempt in range(1, MAX_CONFLICT_RETRIES + 1):
             current = await _get_or_create(store, node)
-            patch = status_patch(current.get("status") or {}, desired)
+            patch = status_patch(current.get("status") or {}, with_summary(desired, current))
             if not patch:
                 return
             try:

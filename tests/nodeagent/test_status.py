@@ -58,6 +58,8 @@ async def test_creates_the_gpunode_and_writes_status(tmp_path: Path, store: Stor
     assert dev.uuid.startswith("GPU-") and dev.pci_bus_id == "00000000:18:00.0"
     assert dev.availability is not None and dev.availability.ratio == 1.0
     assert dev.reason is None
+    assert node.status.summary is not None
+    assert (node.status.summary.gpus, node.status.summary.ha, node.status.summary.lent) == (2, 2, 0)
 
 
 async def test_never_touches_spec_or_foreign_status(tmp_path: Path, store: Store) -> None:
@@ -75,7 +77,9 @@ async def test_never_touches_spec_or_foreign_status(tmp_path: Path, store: Store
     obj = await store.get(Kind.GPUNODE, NODE)
     assert obj["spec"] == spec
     assert obj["status"]["cache"] == cache
-    assert set(obj["status"]) == {"cache", "nodeIP", "agent", "devices"}
+    assert set(obj["status"]) == {"cache", "nodeIP", "agent", "devices", "summary"}
+    # printer columns: the override makes GPU 0 MA, the tag counts as lent
+    assert obj["status"]["summary"] == {"gpus": 2, "healthy": 2, "ha": 1, "ma": 1, "la": 0, "lent": 1}
 
 
 async def test_writes_only_on_change_or_heartbeat(tmp_path: Path, store: Store) -> None:
