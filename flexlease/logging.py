@@ -22,8 +22,10 @@ _STANDARD: Final = frozenset(
 
 
 def ctx(**fields: Any) -> dict[str, Any]:
-    """Context for ``extra=``: drops ``None`` values so lines stay short."""
-    return {k: v for k, v in fields.items() if v is not None}
+    """Context for ``extra=``: drops ``None`` values so lines stay short, and renames keys
+    that are ``LogRecord`` attributes (``message``, ``name``, ``args``, ...; the stdlib raises
+    ``KeyError`` for those) to ``<key>_``, so a log call can never fail."""
+    return {(f"{k}_" if k in _STANDARD else k): v for k, v in fields.items() if v is not None}
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

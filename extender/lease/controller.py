@@ -343,7 +343,7 @@ class LeaseController:
             log.info(
                 "lease status",
                 extra=ctx(
-                    lease=f"{namespace}/{name}", phase=plan.status.phase.value, message=plan.status.message
+                    lease=f"{namespace}/{name}", phase=plan.status.phase.value, detail=plan.status.message
                 ),
             )
         await self._apply_tags(plan.tags)
