@@ -1,0 +1,189 @@
+"""How KubeStore finds the API server: kubeconfig (token, TLS with a client certificate),
+in-cluster service account, and clear errors when neither is usable. Certificates are made
+with openssl for each test module; the stand-in API server checks them for real."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_asyncio.client import ApiClient
+
+from flexlease.config import StoreSettings
+from flexlease.errors import StoreError
+from flexlease.store.base import Kind
+from flexlease.store.kube import KubeStore
+from flexlease.store.kube_auth import load_configuration
+from tests.store.fake_apiserver import FakeApiServer
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (CN=flexlease,
+    O=system:masters, as kubeadm issues admin credentials), all EC P-256."""
+    d = tmp_path_factory.mktemp("pki")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=kubernetes-ca",
+        cwd=d,
+    )
+    for name, subj, ext in (
+        ("server", "/CN=kube-apiserver", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+        ("client", "/O=system:masters/CN=flexlease", "extendedKeyUsage=clientAuth"),
+    ):
+        (d / f"{name}.ext").write_text(ext + "\n")
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subj, cwd=d)
+        _openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext", cwd=d,
+        )  # fmt: skip
+    return Pki(d / "ca.crt", d / "server.crt", d / "server.key", d / "client.crt", d / "client.key")
+
+
+def server_tls(pki: Pki, *, client_certs: bool) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.server_cert, pki.server_key)
+    if client_certs:
+        context.load_verify_locations(pki.ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def write_kubeconfig(
+    path: Path, server: str, user: Mapping[str, object], cluster: Mapping[str, object] | None = None
+) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "test", "cluster": {"server": server, **(cluster or {})}}],
+                "users": [{"name": "flexlease", "user": dict(user)}],
+                "contexts": [{"name": "test", "context": {"cluster": "test", "user": "flexlease"}}],
+                "current-context": "test",
+            }
+        )
+    )
+    return path
+
+
+async def list_pods(store: KubeStore) -> int:
+    try:
+        return len((await store.list(Kind.POD)).items)
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def token_api() -> AsyncIterator[FakeApiServer]:
+    async with FakeApiServer(token="kubeconfig-token") as api:
+        yield api
+
+
+async def test_kubeconfig_with_a_bearer_token(tmp_path: Path, token_api: FakeApiServer) -> None:
+    path = write_kubeconfig(tmp_path / "config", token_api.url, {"token": "kubeconfig-token"})
+    store = await KubeStore.connect(StoreSettings(kind="kube", kubeconfig=path))
+    assert await list_pods(store) == 0
+    assert token_api.requests[-1].headers["Authorization"] == "Bearer kubeconfig-token"
+
+
+async def test_kubeconfig_with_a_wrong_token_is_refused(tmp_path: Path, token_api: FakeApiServer) -> None:
+    path = write_kubeconfig(tmp_path / "config", token_api.url, {"token": "stale"})
+    store = await KubeStore.connect(StoreSettings(kind="kube", kubeconfig=path))
+    with pytest.raises(StoreError) as denied:
+        await list_pods(store)
+    assert denied.value.status == 401
+
+
+async def test_kubeconfig_with_tls_and_a_client_certificate(tmp_path: Path, pki: Pki) -> None:
+    async with FakeApiServer(ssl_context=server_tls(pki, client_certs=True)) as api:
+        assert api.url.startswith("https://")
+        user = {"client-certificate-data": b64(pki.client_cert), "client-key-data": b64(pki.client_key)}
+        cluster = {"certificate-authority-data": b64(pki.ca)}
+        path = write_kubeconfig(tmp_path / "config", api.url, user, cluster)
+        store = await KubeStore.connect(StoreSettings(kind="kube", kubeconfig=path))
+        assert await list_pods(store) == 0
+
+        # the same server refuses a client without a certificate, and one that does not trust it
+        no_cert = write_kubeconfig(tmp_path / "no-cert", api.url, {"token": "x"}, cluster)
+        with pytest.raises(StoreError):
+            await list_pods(await KubeStore.connect(StoreSettings(kind="kube", kubeconfig=no_cert)))
+        untrusted = write_kubeconfig(tmp_path / "untrusted", api.url, user)
+        with pytest.raises(StoreError):
+            await list_pods(await KubeStore.connect(StoreSettings(kind="kube", kubeconfig=untrusted)))
+
+
+async def test_in_cluster_service_account(tmp_path: Path, pki: Pki) -> None:
+    async with FakeApiServer(token="sa-token", ssl_context=server_tls(pki, client_certs=False)) as api:
+        sa = tmp_path / "serviceaccount"
+        sa.mkdir()
+        (sa / "token").write_text("sa-token")
+        (sa / "ca.crt").write_bytes(pki.ca.read_bytes())
+        port = api.url.rsplit(":", 1)[1]
+        env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port}
+        configuration = await load_configuration(None, environ=env, service_account_dir=sa)
+        assert configuration.host == f"https://127.0.0.1:{port}"
+        store = KubeStore(ApiClient(configuration), StoreSettings(kind="kube"))
+        assert await list_pods(store) == 0
+        assert api.requests[-1].headers["Authorization"] == "Bearer sa-token"
+
+
+async def test_an_explicit_kubeconfig_wins_over_in_cluster(tmp_path: Path, token_api: FakeApiServer) -> None:
+    path = write_kubeconfig(tmp_path / "config", token_api.url, {"token": "kubeconfig-token"})
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    configuration = await load_configuration(path, environ=env, service_account_dir=tmp_path / "absent")
+    assert configuration.host == token_api.url
+
+
+async def test_kubeconfig_environment_variable(tmp_path: Path, token_api: FakeApiServer) -> None:
+    path = write_kubeconfig(tmp_path / "config", token_api.url, {"token": "kubeconfig-token"})
+    env = {"KUBECONFIG": f"{tmp_path / 'missing'}:{path}"}
+    configuration = await load_configuration(None, environ=env)
+    assert configuration.host == token_api.url
+
+
+async def test_no_usable_configuration_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no Kubernetes config"):
+        await load_configuration(None, environ={"KUBECONFIG": str(tmp_path / "missing")})
+    with pytest.raises(StoreError, match=r"StoreSettings\.kubeconfig"):
+        await KubeStore.connect(StoreSettings(kind="kube", kubeconfig=tmp_path / "missing"))
+    broken = tmp_path / "broken"
+    broken.write_text("apiVersion: v1\nkind: Config\ncurrent-context: nowhere\n")
+    with pytest.raises(StoreError, match="kubeconfig"):
+        await load_configuration(broken, environ={})
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"}
+    with pytest.raises(StoreError, match="in-cluster"):
+        await load_configuration(None, environ=env, service_account_dir=tmp_path / "absent")

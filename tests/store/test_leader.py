@@ -1,0 +1,218 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, on every store: one leader at a time,
+failover when the holder stops renewing, release on shutdown, stepping down when renewals
+fail past the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from flexlease.config import LeaseSettings
+from flexlease.errors import StoreError
+from flexlease.store.base import JsonObj, Kind, Store
+from flexlease.store.leader import ElectionConfig, LeaderElector
+from tests.store.fake_apiserver import STORE_KINDS, any_store
+
+NS = "flexlease-system"
+
+
+@pytest.fixture(params=STORE_KINDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    async with any_store(request.param, tmp_path) as s:
+        yield s
+
+
+def config(identity: str, *, release: bool = True) -> ElectionConfig:
+    return ElectionConfig(
+        namespace=NS,
+        name="flexlease-extender",
+        identity=identity,
+        lease_duration=1.0,
+        renew_deadline=0.6,
+        retry_period=0.1,
+        release_on_cancel=release,
+    )
+
+
+class FlakyStore:
+    """A real store whose patches fail on demand (an API server this replica cannot reach)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.failing = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def patch(self, *args: object, **kwargs: object) -> JsonObj:
+        if self.failing:
+            raise StoreError("connection refused (injected)", status=503)
+        return await self.inner.patch(*args, **kwargs)  # type: ignore[arg-type]
+
+    async def get(self, *args: object, **kwargs: object) -> JsonObj:
+        if self.failing:
+            raise StoreError("connection refused (injected)", status=503)
+        return await self.inner.get(*args, **kwargs)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def running(elector: LeaderElector) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(elector.run(), name=f"elector/{elector.config.identity}")
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def lease_spec(store: Store) -> JsonObj:
+    return dict((await store.get(Kind.LEASE, "flexlease-extender", namespace=NS))["spec"])
+
+
+async def first_leader(*electors: LeaderElector) -> LeaderElector:
+    async with asyncio.timeout(5):
+        _, pending = await asyncio.wait(
+            [asyncio.create_task(e.wait_leading(), name=f"wait/{e.config.identity}") for e in electors],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return next(e for e in electors if e.is_leader)
+
+
+async def test_exactly_one_leader(store: Store) -> None:
+    a, b = LeaderElector(store, config("a")), LeaderElector(store, config("b"))
+    async with running(a), running(b):
+        leader = await first_leader(a, b)
+        for _ in range(30):  # 1.5 s: several renewals and lease durations
+            assert [a.is_leader, b.is_leader].count(True) == 1
+            assert leader.is_leader
+            await asyncio.sleep(0.05)
+        spec = await lease_spec(store)
+    assert spec["holderIdentity"] in ("", leader.config.identity)  # released on exit
+    follower = b if leader is a else a
+    assert follower.holder == leader.config.identity or follower.holder == ""
+
+
+async def test_the_lease_records_holder_and_times(store: Store) -> None:
+    a = LeaderElector(store, config("a"))
+    async with running(a):
+        async with asyncio.timeout(5):
+            await a.wait_leading()
+        first = await lease_spec(store)
+        await asyncio.sleep(0.35)
+        later = await lease_spec(store)
+    assert first["holderIdentity"] == "a"
+    assert first["leaseDurationSeconds"] == 1 and first["leaseTransitions"] == 0
+    assert first["acquireTime"].endswith("Z") and len(first["acquireTime"]) == len(
+        "2026-01-01T00:00:00.000000Z"
+    )
+    assert later["acquireTime"] == first["acquireTime"]
+    assert later["renewTime"] > first["renewTime"]
+
+
+async def test_failover_when_the_holder_stops_renewing(store: Store) -> None:
+    a = LeaderElector(store, config("a", release=False))
+    b = LeaderElector(store, config("b"))
+    async with contextlib.AsyncExitStack() as stack:
+        stop_a = await stack.enter_async_context(running(a))
+        async with asyncio.timeout(5):
+            await a.wait_leading()
+        await stack.enter_async_context(running(b))
+        await asyncio.sleep(0.3)
+        assert not b.is_leader
+        stop_a.cancel()  # a is gone without a word: its lease must expire first
+        with contextlib.suppress(asyncio.CancelledError):
+            await stop_a
+        stopped = time.monotonic()
+        async with asyncio.timeout(5):
+            await b.wait_leading()
+        waited = time.monotonic() - stopped
+        spec = await lease_spec(store)
+    assert 0.6 < waited < 3.0
+    assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
+
+
+async def test_release_on_shutdown_hands_over_at_once(store: Store) -> None:
+    a = LeaderElector(store, dataclasses.replace(config("a"), lease_duration=4.0, renew_deadline=2.0))
+    b = LeaderElector(store, dataclasses.replace(config("b"), lease_duration=4.0, renew_deadline=2.0))
+    async with contextlib.AsyncExitStack() as stack:
+        stop_a = await stack.enter_async_context(running(a))
+        async with asyncio.timeout(5):
+            await a.wait_leading()
+        await stack.enter_async_context(running(b))
+        await asyncio.sleep(0.3)
+        stop_a.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stop_a
+        released = time.monotonic()
+        assert (await lease_spec(store))["holderIdentity"] in ("", "b")
+        async with asyncio.timeout(5):
+            await b.wait_leading()
+        assert time.monotonic() - released < 2.0  # well under the 4 s lease duration
+
+
+async def test_steps_down_when_renewals_fail_past_the_deadline(store: Store) -> None:
+    flaky = FlakyStore(store)
+    a = LeaderElector(flaky, config("a"))  # type: ignore[arg-type]
+    b = LeaderElector(store, config("b"))
+    async with running(a):
+        async with asyncio.timeout(5):
+            await a.wait_leading()
+        async with running(b):
+            flaky.failing = True
+            async with asyncio.timeout(5):
+                await a.wait_not_leading()
+                a_stepped_down = time.monotonic()
+                await b.wait_leading()
+                b_took_over = time.monotonic()
+            assert a_stepped_down < b_took_over  # never two leaders, even for a moment
+            flaky.failing = False  # a reaches the store again, but b holds a valid lease
+            await asyncio.sleep(0.4)
+            assert b.is_leader and not a.is_leader
+
+
+async def test_while_leading_runs_work_only_while_leading(store: Store) -> None:
+    flaky = FlakyStore(store)
+    a = LeaderElector(flaky, config("a"))  # type: ignore[arg-type]
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with running(a):
+        gate = asyncio.create_task(a.while_leading(work, name="lease-controller"), name="gate")
+        try:
+            async with asyncio.timeout(5):
+                await started.wait()
+                flaky.failing = True
+                await cancelled.wait()
+            assert not a.is_leader
+        finally:
+            gate.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gate
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="renew_deadline"):
+        ElectionConfig(namespace=NS, name="x", identity="a", lease_duration=10, renew_deadline=10)
+    with pytest.raises(ValueError, match="identity"):
+        ElectionConfig(namespace=NS, name="x", identity="")
+    cfg = ElectionConfig.from_settings(LeaseSettings(leader_lease_seconds=15), identity="extender-0")
+    assert (cfg.lease_duration, cfg.renew_deadline, cfg.retry_period) == pytest.approx((15, 10, 2))
+    assert (cfg.namespace, cfg.name) == ("flexlease-system", "flexlease-extender")
