@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
+import socket
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -30,13 +32,14 @@ from pydantic import ValidationError
 import flexlease.logging
 from extender.lease import controller as lease_controller
 from extender.lease.clock import ScaledClock, SystemClock
-from extender.server import CleanupContext, create_app
+from extender.server import CleanupContext, LeaderCheck, create_app
 from flexlease import config
 from flexlease.config import Settings
 from flexlease.errors import FlexleaseError
 from flexlease.logging import ctx
 from flexlease.store import factory
 from flexlease.store.base import Store
+from flexlease.store.leader import ElectionConfig, LeaderElector
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,27 @@ def process_registry() -> CollectorRegistry:
     return registry
 
 
+def election_ctx(elector: LeaderElector) -> CleanupContext:
+    """Runs ``elector`` as the task ``leader-election`` for the app's lifetime; on shutdown it
+    is cancelled, which releases the Lease when leading (the next replica takes over in ~2 s)."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(elector.run(), name="leader-election")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return context
+
+
+def leader_check(elector: LeaderElector) -> LeaderCheck:
+    """``/bind``'s view of leadership: (this replica leads, the holder's identity)."""
+    return lambda: (elector.is_leader, elector.holder)
+
+
 async def serve(
     settings: Settings,
     store: Store,
@@ -70,13 +94,14 @@ async def serve(
     registry: CollectorRegistry | None = None,
     extra_contexts: Sequence[CleanupContext] = (),
     on_listening: Callable[[list[str]], None] | None = None,
+    leader: LeaderCheck | None = None,
 ) -> None:
     """Serve the extender over ``store`` until ``stop`` is set.
 
     ``on_listening`` receives the listening URLs (``http(s)://host:port``; port 0 in the
     settings picks a free one) once the socket is bound. Does not close ``store``.
     """
-    app = create_app(settings, store, registry=registry, extra_contexts=extra_contexts)
+    app = create_app(settings, store, registry=registry, extra_contexts=extra_contexts, leader=leader)
     ext = settings.extender
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=ext.shutdown_timeout_seconds)
     await runner.setup()
@@ -103,9 +128,24 @@ async def run(settings: Settings) -> None:
     store = await factory.open_store(settings.store)
     registry = process_registry()
     clock = SystemClock() if settings.clock_speedup == 1.0 else ScaledClock(settings.clock_speedup)
-    lease = lease_controller.cleanup_ctx(settings, store, registry=registry, clock=clock)
+    elector: LeaderElector | None = None
+    contexts: list[CleanupContext] = []
+    if settings.lease.leader_election:
+        identity = settings.lease.identity or socket.gethostname()
+        elector = LeaderElector(store, ElectionConfig.from_settings(settings.lease, identity=identity))
+        contexts.append(election_ctx(elector))
+    contexts.append(
+        lease_controller.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector)
+    )
     try:
-        await serve(settings, store, stop=stop, registry=registry, extra_contexts=[lease])
+        await serve(
+            settings,
+            store,
+            stop=stop,
+            registry=registry,
+            extra_contexts=contexts,
+            leader=leader_check(elector) if elector is not None else None,
+        )
     finally:
         await store.close()
         for sig in (signal.SIGTERM, signal.SIGINT):

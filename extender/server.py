@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 ReadyCheck = Callable[[], bool]
+LeaderCheck = Callable[[], tuple[bool, str]]
+"""``() -> (this replica leads, the current holder's identity)``."""
 
 WATCH_BACKOFF_SECONDS: Final = (0.2, 30.0)
 """First and largest delay (seconds) before a failed list/watch is retried."""
@@ -77,6 +79,7 @@ WATCHES: Final = web.AppKey("watches", dict[Kind, WatchState])
 FILTER_CACHE: Final = web.AppKey("filter_cache", FilterCache)
 PRIORITY_CACHE: Final = web.AppKey("priority_cache", PriorityCache)
 READY_CHECKS: Final = web.AppKey("ready_checks", dict[str, ReadyCheck])
+LEADER: Final[web.AppKey[LeaderCheck | None]] = web.AppKey("leader")
 """Named readiness checks; other components (leader election, lease controller) add theirs."""
 
 
@@ -103,12 +106,16 @@ def create_app(
     registry: CollectorRegistry | None = None,
     extra_contexts: Sequence[CleanupContext] = (),
     inventory: Inventory | None = None,
+    leader: LeaderCheck | None = None,
 ) -> web.Application:
     """Build the extender application over ``store``.
 
     ``registry``: where metrics are registered (a fresh ``CollectorRegistry`` when None).
     ``extra_contexts``: more ``cleanup_ctx`` entries, started after the watch loops.
     ``inventory``: an existing inventory to serve (default: a new one fed by the watches).
+    ``leader``: with leader election (several replicas), tells whether this replica holds
+    the Lease and who does; ``/bind`` is then answered only by the leader (issue: two replicas
+    serve filter/prioritize, only the leader binds), others reply with ``Error`` naming it.
     The store is not closed by the app; its owner closes it.
     """
     ext = settings.extender
@@ -128,6 +135,7 @@ def create_app(
     app[METRICS] = ExtenderMetrics(registry if registry is not None else CollectorRegistry(), inv)
     app[WATCHES] = {Kind.GPUNODE: WatchState(Kind.GPUNODE), Kind.POD: WatchState(Kind.POD)}
     app[READY_CHECKS] = {"inventory": lambda: inv.ready}
+    app[LEADER] = leader
     metrics_handler = make_aiohttp_handler(app[METRICS].registry)
 
     async def serve_metrics(request: web.Request) -> web.StreamResponse:
@@ -338,6 +346,13 @@ async def prioritize_verb(request: web.Request) -> web.Response:
 async def bind_verb(request: web.Request) -> web.Response:
     """``POST /bind``: ExtenderBindingArgs → ExtenderBindingResult (``Error`` empty on success)."""
     args = _model(wire.ExtenderBindingArgs, await _read_json(request))
+    leader = request.app[LEADER]
+    if leader is not None:
+        leading, holder = leader()
+        if not leading:
+            request.app[METRICS].count_decisions("bind", {("error", "not-leader"): 1})
+            error = f"this extender replica is not the leader (leader: {holder or 'none yet'}); retry"
+            return _json(wire.ExtenderBindingResult(error=error).to_wire())
     outcome = await request.app[BINDER].bind(
         args.pod_namespace, args.pod_name, uid=args.pod_uid, node=args.node
     )

@@ -89,6 +89,8 @@ class LeaseSettings(_Group):
     leader_lease_name: str = "flexlease-extender"
     leader_lease_namespace: str = "flexlease-system"
     leader_lease_seconds: float = Field(default=15.0, gt=0)
+    identity: str = ""
+    """This replica's holder identity in the leader Lease (default: the host name, i.e. the pod name)."""
     retry_base_seconds: float = Field(default=0.5, gt=0)
     """Back-off after a failed reconcile; doubles per consecutive failure up to ``retry_max_seconds``."""
     retry_max_seconds: float = Field(default=60.0, gt=0)

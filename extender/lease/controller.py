@@ -587,13 +587,25 @@ class LeaseController:
         self.metrics.gauges = Gauges(lent=lent, outstanding_reclaims=outstanding, standby=standby)
 
 
-async def serve(controller: LeaseController, settings: Settings, *, store: Store, instance: str) -> None:
+async def serve(
+    controller: LeaseController,
+    settings: Settings,
+    *,
+    store: Store,
+    instance: str,
+    elector: LeaderElector | None = None,
+) -> None:
     """Run ``controller`` until cancelled; with ``settings.lease.leader_election`` only while
     this process (``instance``, unique per replica) holds the ``coordination.k8s.io`` Lease
     ``leader_lease_namespace/leader_lease_name`` (client-go's algorithm,
-    :mod:`flexlease.store.leader`), stopping it whenever leadership is lost."""
+    :mod:`flexlease.store.leader`), stopping it whenever leadership is lost. ``elector``: an
+    elector the caller already runs (the extender shares one between bind and this
+    controller); None: this function runs its own."""
     if not settings.lease.leader_election:
         await controller.run()
+        return
+    if elector is not None:
+        await elector.while_leading(controller.run, name="lease-controller-term")
         return
     elector = LeaderElector(store, ElectionConfig.from_settings(settings.lease, identity=instance))
     async with asyncio.TaskGroup() as group:
@@ -633,6 +645,7 @@ def cleanup_ctx(
     registry: CollectorRegistry,
     clock: Clock | None = None,
     instance: str | None = None,
+    elector: LeaderElector | None = None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """An aiohttp cleanup context running the controller (see :func:`serve`) as the task
     ``lease-controller`` for the application's lifetime (cancelled and awaited on shutdown)
@@ -651,7 +664,7 @@ def cleanup_ctx(
         controller = LeaseController(settings, store, registry=registry, clock=clock, instance=name)
         app[LEASE_CONTROLLER] = controller
         task = asyncio.create_task(
-            serve(controller, settings, store=store, instance=name), name="lease-controller"
+            serve(controller, settings, store=store, instance=name, elector=elector), name="lease-controller"
         )
         try:
             yield

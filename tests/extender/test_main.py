@@ -20,8 +20,9 @@ import yaml
 
 from extender import main as extmain
 from flexlease.api import keys
-from flexlease.config import ExtenderSettings, Settings, StoreSettings
+from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StoreSettings
 from flexlease.store.base import Kind
+from flexlease.store.leader import ElectionConfig, LeaderElector
 from flexlease.store.memory import MemoryStore
 from flexlease.store.sqlite import SqliteStore
 from tests.extender import payloads
@@ -29,8 +30,11 @@ from tests.extender.conftest import add_node, add_pod
 
 
 @asynccontextmanager
-async def serving(settings: Settings, store: MemoryStore) -> AsyncIterator[str]:
-    """Run :func:`extender.main.serve` (the production runner) and yield its URL."""
+async def serving(
+    settings: Settings, store: MemoryStore, *, elector: LeaderElector | None = None
+) -> AsyncIterator[str]:
+    """Run :func:`extender.main.serve` (the production runner) and yield its URL; with
+    ``elector``, as one leader-elected replica (the elector runs in the app)."""
     stop = asyncio.Event()
     urls: list[str] = []
     listening = asyncio.Event()
@@ -40,7 +44,15 @@ async def serving(settings: Settings, store: MemoryStore) -> AsyncIterator[str]:
         listening.set()
 
     task = asyncio.create_task(
-        extmain.serve(settings, store, stop=stop, on_listening=on_listening), name="test-serve"
+        extmain.serve(
+            settings,
+            store,
+            stop=stop,
+            on_listening=on_listening,
+            extra_contexts=[extmain.election_ctx(elector)] if elector else (),
+            leader=extmain.leader_check(elector) if elector else None,
+        ),
+        name="test-serve",
     )
     try:
         await asyncio.wait_for(listening.wait(), 5)
@@ -245,3 +257,40 @@ async def test_process_runs_the_lease_controller_on_an_accelerated_clock(tmp_pat
         await store.close()
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
+
+
+async def test_two_replicas_serve_filter_but_only_the_leader_binds() -> None:
+    store = MemoryStore()
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    pod = await add_pod(store, payloads.pod("p", gpus=1))
+    lease = LeaseSettings(leader_election=True, leader_lease_seconds=3)
+    settings = make_settings().model_copy(update={"lease": lease})
+    electors = {
+        name: LeaderElector(store, ElectionConfig.from_settings(lease, identity=name)) for name in ("a", "b")
+    }
+    try:
+        async with (
+            serving(settings, store, elector=electors["a"]) as url_a,
+            serving(settings, store, elector=electors["b"]) as url_b,
+            aiohttp.ClientSession() as session,
+        ):
+            for _ in range(200):
+                if any(e.is_leader for e in electors.values()):
+                    break
+                await asyncio.sleep(0.02)
+            leader = "a" if electors["a"].is_leader else "b"
+            urls = {"a": url_a, "b": url_b}
+            follower = "b" if leader == "a" else "a"
+            for url in urls.values():
+                await wait_ready(session, url)
+                async with session.post(f"{url}/filter", json=payloads.extender_args(pod, ["n1"])) as resp:
+                    assert (await resp.json())["NodeNames"] == ["n1"]
+            async with session.post(f"{urls[follower]}/bind", json=payloads.binding_args(pod, "n1")) as resp:
+                error = (await resp.json())["Error"]
+            assert f"not the leader (leader: {leader})" in error
+            assert not (await store.get(Kind.POD, "p", namespace="ml"))["spec"].get("nodeName")
+            async with session.post(f"{urls[leader]}/bind", json=payloads.binding_args(pod, "n1")) as resp:
+                assert (await resp.json())["Error"] == ""
+            assert (await store.get(Kind.POD, "p", namespace="ml"))["spec"]["nodeName"] == "n1"
+    finally:
+        await store.close()
