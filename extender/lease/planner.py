@@ -25,8 +25,9 @@ than what is outstanding takes everything. Per target, every reconcile:
 * held by a pod of the owner → reclaimed (``status.reclaimed``; the tag is released);
 * held by an LP pod (priority label not ``high``) → graceful reclaim: ``preempt-deadline`` =
   now + ``gracePeriodSeconds`` on the pod and an Event; once past the deadline, evict;
-* failed (Unhealthy/Unknown), vanished (device or GPUNode gone) or held by another owner's HP
-  pod (which cannot be preempted) → replaced one-for-one by a free, untagged, healthy standby
+* failed (Unhealthy/Unknown), vanished (device or GPUNode gone), downgraded below its
+  lend-time tier (right-of-return is in kind) or held by another owner's HP pod (which cannot
+  be preempted) → replaced one-for-one by a free, untagged, healthy standby
   GPU of the same model and a tier >= the original's lend-time tier (lowest adequate tier
   first), tagged with the owner and recorded in ``status.supplementedFromStandby``; no such GPU
   → wait (condition ``GPUsFreed`` reason ``StandbyShortfall``);
@@ -502,7 +503,12 @@ def _reclaim_target(
             p.tag(TagChange(current, None, leased_at=None))
         return
     foreign_hp = gpu is not None and gpu.holder is not None and gpu.holder.priority is Priority.HIGH
-    if gpu is None or gpu.failed or foreign_hp:
+    # Right-of-return is in kind (§3.5): a GPU whose tier fell below its lend-time tier (the
+    # agent downgrades at once on failure, even when the GPU recovers) is replaced as well.
+    downgraded = (
+        gpu is not None and gpu.tier is not None and target.tier is not None and gpu.tier < target.tier
+    )
+    if gpu is None or gpu.failed or foreign_hp or downgraded:
         if target.model is None or target.tier is None:
             p.unresolvable.append(f"{target.key} (model or tier unknown)")
             return
@@ -511,7 +517,15 @@ def _reclaim_target(
             p.shortfall.append(f"{target.key} ({target.model}, tier >= {target.tier.value})")
             return
         used.add(replacement.key)
-        why = "vanished" if gpu is None or not gpu.present else "failed" if gpu.failed else "held by a HP pod"
+        why = (
+            "vanished"
+            if gpu is None or not gpu.present
+            else "failed"
+            if gpu.failed
+            else "held by a HP pod"
+            if foreign_hp
+            else f"downgraded to {gpu.tier.value if gpu.tier else '?'}"
+        )
         p.supplements[target.key] = Supplement(original=_bare(target.key), replacement=_record(replacement))
         p.tag(TagChange(replacement.key, owner, leased_at=now))
         if gpu is not None and gpu.owner == owner:

@@ -475,3 +475,25 @@ def test_accepted_condition_marks_when_work_began() -> None:
     status = world.step().status
     accepted = next(c for c in status.conditions if c.type == planner.COND_ACCEPTED)
     assert (accepted.status, accepted.last_transition_time) == ("True", T0)
+
+
+def test_reclaim_replaces_a_gpu_downgraded_below_its_lend_time_tier() -> None:
+    """Right-of-return is in kind: gpu n1/1 was lent as HA, failed and recovered, and is MA now;
+    an HA standby GPU takes its place and n1/1 goes back to the platform untagged."""
+    nodes = [
+        gpunode("n1", ["HA", "MA", "HA", "HA", "HA", "HA", "HA", "HA"], tags={0: OWNER, 1: OWNER}),
+        gpunode("s1", "HA", pool="standby"),
+    ]
+    world = World(nodes, [pod("lp-a", "n1", [1])], lease("r", "Reclaim", count=2))
+    lent = {DeviceKey("n1", i): LeaseDevice(node="n1", index=i, model=H20, tier=Tier.HA) for i in (0, 1)}
+    plan = world.plan(Ledger(records=lent))
+    world.apply(plan)
+    [sup] = plan.status.supplemented_from_standby
+    assert (sup.original.key, sup.replacement.key, sup.replacement.tier) == (
+        DeviceKey("n1", 1),
+        DeviceKey("s1", 0),
+        Tier.HA,
+    )
+    assert world.tag("n1", 1) is None and world.tag("s1", 0) == OWNER
+    assert not plan.notices  # the LP pod on the downgraded GPU is left alone
+    assert any("downgraded to MA" in n.message for n in plan.notes)
