@@ -1,0 +1,66 @@
+"""The main job, shortened: hack/demo.py on a real containerd with the real extender and agents.
+
+Runs the accelerated day up to 10:00 (lend, LP usage, a GPU falling off the bus, reclaim with
+standby supplement, hot restarts) and checks the report it writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from tests.e2e.conftest import ContainerdTestbed
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_demo_day_lends_reclaims_supplements_and_hot_restarts(
+    containerd_testbed: ContainerdTestbed, tmp_path: Path
+) -> None:
+    tb = containerd_testbed
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXLEASE_")}
+    env.update(
+        FLEXLEASE_TESTBED_DIR=str(tb.dir),
+        FLEXLEASE_CRI_ENDPOINT=tb.endpoint,
+        FLEXLEASE_TESTBED_TRAINER_V1=tb.trainer_v1,
+        FLEXLEASE_TESTBED_TRAINER_V2=tb.trainer_v2,
+        FLEXLEASE_TESTBED_CGROUP_PARENT=tb.cgroup_parent,
+    )
+    out = tmp_path / "demo"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(REPO / "hack" / "demo.py"), "--out", str(out), "--end-hour", "10",
+        env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), 300)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = output.decode(errors="replace")
+    assert proc.returncode == 0, text[-4000:]
+    report = json.loads((out / "report.json").read_text())
+
+    assert report["lend"]["phase"] == "Done" and len(report["lend"]["gpus"]) == 8
+    assert report["lowPriority"]["onLentGPUs"], "LP pods should use the lent GPUs"
+    assert report["failure"]["gpu"] == "gpu-1/3"
+    reclaim = report["reclaim"]
+    assert reclaim["phase"] == "Done", reclaim
+    # right of return: the 7 healthy lent GPUs come back, the failed one from standby
+    assert len(reclaim["sameGPUsBack"]) == 7 and "gpu-1/3" not in reclaim["sameGPUsBack"]
+    assert reclaim["supplementedFromStandby"] == ["gpu-1/3 -> gpu-3/0"]
+    assert sorted(reclaim["preemptedPods"]) == sorted(
+        f"batch/{n}" for n in report["lowPriority"]["onLentGPUs"]
+    )
+    assert "gpu-3" in reclaim["podsPlacedOn"].values()
+    hot = report["hotRestart"]
+    assert len(hot) == 8
+    assert all(h["phase"] == "Succeeded" and h["sameSandbox"] and h["samePodIP"] for h in hot.values()), hot
+    assert report["haShare"]["min"] == 1.0
+    assert not report["kubeletErrors"]
+    assert all(v["errors"] == 0 for v in report["extenderCalls"].values())
+    assert os.path.getsize(report["paths"]["plot"]) > 10_000
+    assert "== flexlease demo report" in text
