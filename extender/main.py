@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
@@ -30,6 +29,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from pydantic import ValidationError
 
 import flexlease.logging
+from extender import tasks
 from extender.lease import controller as lease_controller
 from extender.lease.clock import ScaledClock, SystemClock
 from extender.server import CleanupContext, LeaderCheck, create_app
@@ -70,13 +70,8 @@ def election_ctx(elector: LeaderElector) -> CleanupContext:
     is cancelled, which releases the Lease when leading (the next replica takes over in ~2 s)."""
 
     async def context(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(elector.run(), name="leader-election")
-        try:
+        async with tasks.running(elector.run(), name="leader-election"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     return context
 

@@ -22,7 +22,6 @@ measures.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -35,7 +34,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import ValidationError
 
-from extender import scheduling
+from extender import scheduling, tasks
 from extender.binder import Binder
 from extender.equivalence import FilterCache, PriorityCache
 from extender.metrics import VERBS, ExtenderMetrics
@@ -422,16 +421,9 @@ def _watch_context(kind: Kind) -> CleanupContext:
 
     async def context(app: web.Application) -> AsyncIterator[None]:
         state = app[WATCHES][kind]
-        task = asyncio.create_task(
-            _guarded(list_and_watch(app[STORE], app[INVENTORY], state), state),
-            name=f"extender-watch-{kind.value}",
-        )
-        try:
+        loop = _guarded(list_and_watch(app[STORE], app[INVENTORY], state), state)
+        async with tasks.running(loop, name=f"extender-watch-{kind.value}"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     return context
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -126,6 +126,9 @@ class AgentSettings(_Group):
 class Settings(BaseSettings):
     """Root of all configuration."""
 
+    config_path: ClassVar[Path | None] = None
+    """The YAML file :func:`load` was given (None: ``$FLEXLEASE_CONFIG``)."""
+
     model_config = SettingsConfigDict(
         env_prefix="FLEXLEASE_",
         env_nested_delimiter="__",
@@ -153,7 +156,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _YamlFileSource(settings_cls))
+        return (init_settings, env_settings, _YamlFileSource(settings_cls, cls.config_path))
 
 
 class _YamlFileSource(PydanticBaseSettingsSource):
@@ -184,18 +187,6 @@ def load(path: Path | None = None, **overrides: Any) -> Settings:
     values and ``OSError`` when the file cannot be read."""
     if path is None:
         return Settings(**overrides)
-    file_path = path
-
-    class _FromFile(Settings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, _YamlFileSource(settings_cls, file_path))
-
-    return _FromFile(**overrides)
+    from_file = type("Settings", (Settings,), {"config_path": path})
+    settings: Settings = from_file(**overrides)
+    return settings

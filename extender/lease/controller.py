@@ -33,7 +33,6 @@ Entry points: :func:`cleanup_ctx` (an aiohttp cleanup context; the extender's wi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -44,6 +43,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
+from extender import tasks
 from extender.lease import planner
 from extender.lease.clock import Clock, SystemClock
 from extender.lease.events import ObjectRef, event_object
@@ -663,14 +663,8 @@ def cleanup_ctx(
         name = instance or socket.gethostname()
         controller = LeaseController(settings, store, registry=registry, clock=clock, instance=name)
         app[LEASE_CONTROLLER] = controller
-        task = asyncio.create_task(
-            serve(controller, settings, store=store, instance=name, elector=elector), name="lease-controller"
-        )
-        try:
+        work = serve(controller, settings, store=store, instance=name, elector=elector)
+        async with tasks.running(work, name="lease-controller"):
             yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
     return context
