@@ -1,0 +1,101 @@
+"""``python -m flexlease.sim``: run the trace-driven simulator and write the report and plots.
+
+    python -m flexlease.sim --nodes 64 --days 60 --out DIR [--data DIR] [--seed N] [--policy both|ror|plain]
+
+Exit status: 0 when every policy ran to the end, 1 when one stopped with an error (the
+report still holds what it measured), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import flexlease.logging
+from flexlease.api.tiers import Tier
+from flexlease.sim import driver, report, runner
+from flexlease.sim.scenario import DEFAULT_DATA_DIR, Scenario
+from flexlease.sim.traces import DAY
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario]:
+    p = argparse.ArgumentParser(prog="python -m flexlease.sim", description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=64, help="general nodes (default 64)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--standby-nodes", type=int, default=4, help="standby-pool nodes (default 4)")
+    p.add_argument("--days", type=float, default=60.0, help="simulated days (default 60)")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--data", type=Path, default=DEFAULT_DATA_DIR, help=f"trace directory (default {DEFAULT_DATA_DIR})"
+    )
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--policy", choices=("both", "ror", "plain"), default="both")
+    p.add_argument("--trace", choices=("philly", "alibaba", "synthetic"), default="philly")
+    p.add_argument(
+        "--tick", type=float, default=600.0, help="scheduling round period, simulated s (default 600)"
+    )
+    p.add_argument(
+        "--lp-load", type=float, default=3.0, help="offered LP load / GPUs free at peak (default 3)"
+    )
+    p.add_argument(
+        "--lp-patience",
+        type=float,
+        default=600.0,
+        help="s an LP pod waits before it is withdrawn (default 600)",
+    )
+    p.add_argument("--online-gpus", type=int, default=None, help="online job's GPUs at peak (default half)")
+    p.add_argument("--online-reliability", choices=("HA", "MA", "LA"), default="LA")
+    p.add_argument("--tier-refresh-hours", type=float, default=24.0)
+    p.add_argument("--speedup", type=float, default=1000.0, help="FLEXLEASE_CLOCK_SPEEDUP for the extender")
+    p.add_argument(
+        "--no-tide-shape", action="store_true", help="plain Fig. 2 cosine, without the Helios signal"
+    )
+    p.add_argument("--keep-state", action="store_true", help="keep each policy's SQLite state file")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    try:
+        scenario = Scenario(
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            standby_nodes=args.standby_nodes,
+            days=args.days,
+            seed=args.seed,
+            tick=args.tick,
+            online_gpus=args.online_gpus,
+            online_reliability=Tier(args.online_reliability),
+            trace=args.trace,
+            data_dir=args.data,
+            shape_tide=not args.no_tide_shape,
+            lp_load=args.lp_load,
+            lp_patience=args.lp_patience,
+            tier_refresh=args.tier_refresh_hours * 3600.0,
+            speedup=args.speedup,
+            warmup=min(DAY, args.days * DAY / 4),
+        )
+    except ValueError as exc:
+        p.error(str(exc))
+    return args, scenario
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, scenario = parse_args(argv)
+    flexlease.logging.setup(args.log_level, "text")
+    policies = list(driver.iter_policies(args.policy))
+    result = asyncio.run(runner.run_all(scenario, policies, args.out, keep_state=args.keep_state))
+    json_path = report.write_json(result, args.out)
+    plots = report.plot(result, args.out)
+    print(f"\nLP arrivals: {result['inputs']['lp_source']} ({result['inputs']['lp_pods']} pods)")
+    print(f"tide: {result['inputs']['tide']}")
+    print(report.table(result))
+    print(f"\nreport: {json_path}")
+    for path in plots:
+        print(f"plot: {path}")
+    print(f"wall time: {result['wall_s']:.0f} s")
+    return 1 if any("error" in s for s in result["policies"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1053 @@
+"""The simulation driver: plays API clients, kubelet, node agents, the online job's controller
+and kube-scheduler around the real extender (WeFlex §4.3.2, §4.4, §4.7; DESIGN §5).
+
+One :class:`Simulation` runs one policy on a virtual clock. Each tick (``Scenario.tick``
+simulated seconds) it:
+
+1. updates GPU health and tiers as the node agents would (outages from
+   :mod:`flexlease.sim.failures`, tiers from :mod:`flexlease.sim.tiering`) and patches the
+   ``GPUNode`` status of every node that changed;
+2. finishes LP pods whose run time is over (status ``Succeeded``, then deleted);
+3. scales the online job with the tide (:mod:`flexlease.sim.tide`): scale-down deletes the
+   newest pods holding half its GPUs and, with right-of-return, writes a ``GPULease`` Lend
+   with those devices; scale-up writes a Reclaim with the lent count, creates pods pinned
+   (required hostname affinity) to the GPUs tagged for the job, and schedules them as the
+   controller evicts LP pods; without right-of-return it creates pods that take any GPUs;
+4. creates the LP pods arriving in the tick and withdraws those pending past their patience;
+5. waits until the extender has seen every write (:class:`Barrier`), then runs a scheduling
+   round: ``/filter`` → ``/prioritize`` → ``/bind`` for each pending pod (high priority
+   first, then oldest), ``/preempt`` + eviction when a high-priority pod fits nowhere but
+   ``FailedNodes`` says preemption may help;
+6. samples the metrics every simulated hour.
+
+Virtual time stands still while the driver waits for the lease controller, which runs in
+real time inside the extender (its clock sped up by ``FLEXLEASE_CLOCK_SPEEDUP``); every
+wait is bounded and a controller that never answers is reported, not waited for forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from flexlease.api import keys, resources
+from flexlease.api.pod import Assignment
+from flexlease.api.resources import DeviceKey, LeaseAction, LeasePhase, Pool
+from flexlease.api.tiers import Tier
+from flexlease.errors import FlexleaseError, NotFound, PodSpecError, StoreError, TooManyRequests
+from flexlease.logging import ctx
+from flexlease.sim import failures, metrics, objects, tide, tiering, traces
+from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient
+from flexlease.sim.scenario import Policy, Scenario
+from flexlease.store.base import JsonObj, Kind, Store
+
+log = logging.getLogger(__name__)
+
+JOB_NAMESPACE: Final = "online"
+JOB_NAME: Final = "trainer"
+JOB_OWNER: Final = f"{JOB_NAMESPACE}/{JOB_NAME}"
+LP_NAMESPACE: Final = "tenants"
+SIM_NAMESPACE: Final = "sim-system"
+BARRIER_POD_NODE: Final = "sim-barrier-pods"
+BARRIER_HEALTH_NODE: Final = "sim-barrier-health"
+EPOCH: Final = datetime(2026, 1, 5, tzinfo=UTC)
+"""Simulated t = 0 (a Monday, 00:00 UTC), for timestamps in objects."""
+MAX_CONSECUTIVE_ERRORS: Final = 50
+
+
+class SimulationError(FlexleaseError):
+    """The simulation cannot go on (extender gone, store failing, a bound exceeded)."""
+
+
+def sim_time(t: float) -> datetime:
+    """Simulated seconds → an aware UTC datetime."""
+    return EPOCH + timedelta(seconds=t)
+
+
+@dataclass(slots=True)
+class SimPod:
+    """A pod the simulator created, as it tracks it."""
+
+    name: str
+    namespace: str
+    uid: str
+    obj: JsonObj
+    gpus: int
+    high: bool
+    created: float
+    seq: int
+    duration: float | None = None
+    reclaim: bool = False
+    pinned: str | None = None
+    node: str | None = None
+    devices: tuple[DeviceKey, ...] = ()
+    bound_at: float | None = None
+    request: int | None = None
+    """Index of the LP pod's :class:`metrics.LpRequest`."""
+
+
+@dataclass(slots=True)
+class GpuState:
+    outages: tuple[failures.Interval, ...]
+    tier: tiering.GpuTier
+    healthy: bool = True
+
+
+@dataclass(slots=True)
+class RunStats:
+    """Counters reported per policy."""
+
+    scheduling_cycles: int = 0
+    bound: Counter[str] = field(default_factory=Counter)
+    unschedulable: int = 0
+    bind_errors: int = 0
+    preemption_attempts: int = 0
+    preempted_lp_pods: int = 0
+    evicted_by_controller: int = 0
+    withdrawn_lp_pods: int = 0
+    completed_lp_pods: int = 0
+    double_allocations: int = 0
+    assignment_mismatches: int = 0
+    barrier_waits: int = 0
+    barrier_wall_s: float = 0.0
+    status_patches: int = 0
+    controller_timeouts: int = 0
+    store_errors: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class Barrier:
+    """Waits until the extender's inventory reflects every store write made so far.
+
+    Two 1-GPU GPUNodes that no workload may use (the driver never proposes them): on
+    ``sim-barrier-pods`` a sentinel pod is created or deleted, on ``sim-barrier-health`` the
+    GPU's health flips. Both flip on every :meth:`sync`, so the filter verdict for a 1-GPU
+    probe on those two nodes matches the expected one only once the extender's Pod and
+    GPUNode watches have delivered the latest flips — and, watches being ordered per kind,
+    everything written before them.
+    """
+
+    def __init__(self, store: Store, client: ExtenderClient, *, timeout: float) -> None:
+        self._store = store
+        self._client = client
+        self._timeout = timeout
+        self._sentinel = False
+        self._healthy = True
+        self._probe = objects.pod(
+            "sim-barrier-probe", SIM_NAMESPACE, gpus=1, priority="low", owner="sim-probe"
+        )
+        self._probe["metadata"]["uid"] = "sim-barrier-probe"
+        self.waits = 0
+        self.wall_s = 0.0
+
+    async def setup(self) -> None:
+        """Create the two barrier GPUNodes (healthy, LA) and wait for the extender to see them."""
+        for name in (BARRIER_POD_NODE, BARRIER_HEALTH_NODE):
+            await self._store.create(Kind.GPUNODE, objects.gpunode(name, pool=Pool.GENERAL))
+            await self._patch_health(name, healthy=True)
+        await self._wait_for({BARRIER_POD_NODE, BARRIER_HEALTH_NODE})
+
+    async def _patch_health(self, name: str, *, healthy: bool) -> None:
+        window = 14 * traces.DAY
+        avail = resources.Availability(
+            window_seconds=window, observed_seconds=window, unavailable_seconds=0.0, ratio=1.0
+        )
+        device = objects.device_status(
+            name, 0, healthy=healthy, tier=Tier.LA, availability=avail, computed_at=EPOCH
+        )
+        status = objects.gpunode_status("127.0.0.1", {"0": device}, spec=resources.GPUNodeSpec())
+        await self._store.patch(Kind.GPUNODE, name, {"status": status}, subresource="status")
+
+    async def sync(self) -> None:
+        """Flip both markers and wait (bounded) for the extender to show the new state.
+        Raises :class:`SimulationError` when it does not within the timeout."""
+        started = time.perf_counter()
+        if self._sentinel:
+            await self._store.delete(Kind.POD, "sim-barrier-sentinel", namespace=SIM_NAMESPACE)
+        else:
+            sentinel = objects.pod("sim-barrier-sentinel", SIM_NAMESPACE, gpus=1, priority="low", owner="sim")
+            sentinel["spec"]["nodeName"] = BARRIER_POD_NODE
+            sentinel["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] = f"{BARRIER_POD_NODE}:0"
+            await self._store.create(Kind.POD, sentinel)
+        self._sentinel = not self._sentinel
+        self._healthy = not self._healthy
+        await self._patch_health(BARRIER_HEALTH_NODE, healthy=self._healthy)
+        expected = {
+            n
+            for n, ok in ((BARRIER_POD_NODE, not self._sentinel), (BARRIER_HEALTH_NODE, self._healthy))
+            if ok
+        }
+        await self._wait_for(expected)
+        self.waits += 1
+        self.wall_s += time.perf_counter() - started
+
+    async def _wait_for(self, expected: set[str]) -> None:
+        deadline = time.monotonic() + self._timeout
+        delay = 0.001
+        while True:
+            try:
+                result = await self._client.filter(self._probe, [BARRIER_POD_NODE, BARRIER_HEALTH_NODE])
+                if set(result.node_names or []) == expected:
+                    return
+            except ExtenderCallError as exc:
+                if time.monotonic() > deadline:
+                    raise SimulationError(f"barrier: extender failing: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise SimulationError(
+                    f"barrier: the extender did not reflect the store's writes within {self._timeout:g} s"
+                )
+            await asyncio.sleep(delay)
+            delay = min(0.05, delay * 2)
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """The inputs shared by both policies: LP arrivals, tide, failure histories."""
+
+    arrivals: tuple[traces.PodArrival, ...]
+    lp_source: str
+    tide: tide.Tide
+    tide_source: str
+    outages: dict[DeviceKey, tuple[failures.Interval, ...]]
+    model: failures.FailureModel
+
+
+def general_nodes(scenario: Scenario) -> list[str]:
+    """Names of the general-pool nodes: ``gpu-000`` …"""
+    return [f"gpu-{i:03d}" for i in range(scenario.nodes)]
+
+
+def standby_nodes(scenario: Scenario) -> list[str]:
+    """Names of the standby-pool nodes: ``standby-00`` …"""
+    return [f"standby-{i:02d}" for i in range(scenario.standby_nodes)]
+
+
+class Simulation:
+    """One policy's run. Create, then ``await run()``; the result is :meth:`report`."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        policy: Policy,
+        *,
+        world: World,
+        store: Store,
+        client: ExtenderClient,
+    ) -> None:
+        self.s = scenario
+        self.policy = policy
+        self.world = world
+        self.store = store
+        self.client = client
+        self.barrier = Barrier(store, client, timeout=scenario.barrier_timeout_wall_s)
+        self.rng = random.Random(f"scheduler:{scenario.seed}")
+        self.tiers = tiering.TierPolicy(window=scenario.tier_window, refresh=scenario.tier_refresh)
+        self.general = general_nodes(scenario)
+        self.standby = standby_nodes(scenario)
+        self.candidates = self.general + self.standby
+        self.gpus: dict[DeviceKey, GpuState] = {}
+        self.pods: dict[str, SimPod] = {}  # uid → pod (live: pending or bound)
+        self.held: dict[DeviceKey, str] = {}  # device → uid
+        self.requests: list[metrics.LpRequest] = []
+        self.samples: list[metrics.Sample] = []
+        self.cycles: list[metrics.Cycle] = []
+        self.stats = RunStats()
+        self.size = tide.Scale.FULL
+        self.static_set: tuple[DeviceKey, ...] = ()
+        self.last_refresh = 0.0
+        self.seq = 0
+        self.dirty = True
+        self.consecutive_errors = 0
+        self.controller_missing = False
+        self.lend_lease: JsonObj | None = None
+        self.arrival_idx = 0
+        self.wall_started = 0.0
+        self.wall_s = 0.0
+        self.policy_kind = tide.ScalePolicy()
+        self.released: list[DeviceKey] = []
+        self.reclaim_status: JsonObj = {}
+        self.reclaim_name: str | None = None
+
+    # ------------------------------------------------------------------ setup
+
+    async def setup(self) -> None:
+        """Create every GPUNode with its status at t = 0, the barrier, and the online job."""
+        for node in self.candidates:
+            for i in range(self.s.gpus_per_node):
+                key = DeviceKey(node, i)
+                outs = self.world.outages[key]
+                self.gpus[key] = GpuState(
+                    outs, tiering.refreshed(outs, 0.0, self.tiers), not failures.is_down(outs, 0.0)
+                )
+        for node in self.candidates:
+            pool = Pool.STANDBY if node in self.standby else Pool.GENERAL
+            await self.store.create(Kind.GPUNODE, objects.gpunode(node, pool=pool))
+            await self._patch_node_status(node, 0.0)
+        await self.barrier.setup()
+        await self._deploy_online_job()
+
+    async def _patch_node_status(self, node: str, t: float) -> None:
+        devices: dict[str, resources.DeviceStatus] = {}
+        for i in range(self.s.gpus_per_node):
+            g = self.gpus[DeviceKey(node, i)]
+            devices[str(i)] = objects.device_status(
+                node,
+                i,
+                healthy=g.healthy,
+                tier=g.tier.tier,
+                availability=tiering.availability(g.outages, t, self.tiers),
+                computed_at=sim_time(g.tier.computed_at),
+            )
+        idx = self.candidates.index(node)
+        status = objects.gpunode_status(
+            f"10.0.{idx // 250}.{idx % 250 + 1}", devices, spec=resources.GPUNodeSpec()
+        )
+        status.pop("summary", None)  # lent counts depend on spec tags the controller owns
+        await self.store.patch(Kind.GPUNODE, node, {"status": status}, subresource="status")
+        self.stats.status_patches += 1
+        self.dirty = True
+
+    async def _deploy_online_job(self) -> None:
+        """Place the job at t = 0 on the general nodes with the most HA GPUs among those whose
+        GPUs are all healthy (ties by name): the operators' whitelist the paper mentions."""
+        per_node = self.s.gpus_per_node
+
+        def ha(n: str) -> int:
+            return sum(1 for i in range(per_node) if self.gpus[DeviceKey(n, i)].tier.tier is Tier.HA)
+
+        healthy = [
+            n for n in self.general if all(self.gpus[DeviceKey(n, i)].healthy for i in range(per_node))
+        ]
+        ranked = sorted(healthy, key=lambda n: (-ha(n), n))
+        remaining = self.s.job_gpus
+        for node in ranked:
+            if remaining <= 0:
+                break
+            n = min(per_node, remaining)
+            await self._create_job_pod(n, 0.0, pinned=node, reclaim=False)
+            remaining -= n
+        await self.barrier.sync()
+        await self._schedule_round(0.0)
+        job = self._job_pods()
+        if sum(p.gpus for p in job if p.node) != self.s.job_gpus:
+            raise SimulationError(
+                f"initial placement of the online job failed: {sum(p.gpus for p in job if p.node)}"
+                f" of {self.s.job_gpus} GPUs bound"
+            )
+        self.static_set = tuple(d for p in job for d in p.devices)
+
+    # ------------------------------------------------------------------ pods
+
+    async def _create_pod(self, obj: JsonObj, *, t: float, gpus: int, high: bool, **extra: Any) -> SimPod:
+        created = await self.store.create(Kind.POD, obj)
+        meta = created["metadata"]
+        self.seq += 1
+        pod = SimPod(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            obj=created,
+            gpus=gpus,
+            high=high,
+            created=t,
+            seq=self.seq,
+            **extra,
+        )
+        self.pods[pod.uid] = pod
+        self.dirty = True
+        return pod
+
+    async def _create_job_pod(self, gpus: int, t: float, *, pinned: str | None, reclaim: bool) -> SimPod:
+        obj = objects.pod(
+            f"trainer-{self.seq + 1:06d}",
+            JOB_NAMESPACE,
+            gpus=gpus,
+            priority=keys.PRIORITY_HIGH,
+            owner=JOB_NAME,
+            reliability=self.s.online_reliability,
+            reclaim=reclaim,
+            pin_nodes=(pinned,) if pinned else (),
+        )
+        return await self._create_pod(obj, t=t, gpus=gpus, high=True, reclaim=reclaim, pinned=pinned)
+
+    def _job_pods(self) -> list[SimPod]:
+        return [p for p in self.pods.values() if p.high]
+
+    def _job_devices(self) -> list[DeviceKey]:
+        return [d for p in self._job_pods() for d in p.devices]
+
+    def _release(self, pod: SimPod) -> None:
+        for d in pod.devices:
+            if self.held.get(d) == pod.uid:
+                del self.held[d]
+        self.pods.pop(pod.uid, None)
+        self.dirty = True
+
+    async def _delete_pod(self, pod: SimPod) -> None:
+        with contextlib.suppress(NotFound):
+            await self.store.delete(Kind.POD, pod.name, namespace=pod.namespace)
+        self._release(pod)
+
+    async def reconcile_pods(self) -> int:
+        """Drop pods the store no longer has (evicted by the lease controller). Returns how
+        many LP pods were found gone."""
+        listed = await self.store.list(Kind.POD)
+        present = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in listed.items}
+        gone = 0
+        for pod in list(self.pods.values()):
+            if (pod.namespace, pod.name) not in present:
+                if not pod.high and pod.node is not None:
+                    gone += 1
+                self._release(pod)
+        self.stats.evicted_by_controller += gone
+        return gone
+
+    # ------------------------------------------------------------------ scheduling
+
+    async def _schedule_round(self, t: float, *, only_high: bool = False) -> None:
+        """One pass over the pending pods (``only_high``: the job's only), high priority first,
+        then oldest. Within a round no capacity is freed, so after an LP pod of k GPUs fits
+        nowhere, LP pods of k or more GPUs are not tried again this round."""
+        pending = sorted(
+            (p for p in self.pods.values() if p.node is None and (p.high or not only_high)),
+            key=lambda p: (not p.high, p.created, p.seq),
+        )
+        lp_floor = None
+        for pod in pending:
+            if pod.uid not in self.pods:
+                continue  # preempted meanwhile (cannot happen to pending pods, kept for safety)
+            if not pod.high and lp_floor is not None and pod.gpus >= lp_floor:
+                continue
+            outcome = await self._schedule_one(pod, t)
+            if outcome == "preempted":
+                await self.barrier.sync()
+                outcome = await self._schedule_one(pod, t, may_preempt=False)
+            if outcome != "bound" and not pod.high:
+                lp_floor = pod.gpus if lp_floor is None else min(lp_floor, pod.gpus)
+
+    def _may_preempt(self, pod: SimPod) -> bool:
+        if not pod.high:
+            return False
+        # Right-of-return reclaim pods wait for the lease controller's graceful reclaim.
+        return not (self.policy is Policy.ROR and pod.reclaim and not self.controller_missing)
+
+    async def _schedule_one(self, pod: SimPod, t: float, *, may_preempt: bool = True) -> str:
+        """filter → prioritize → bind (→ preempt). Returns ``bound``, ``preempted``,
+        ``unschedulable`` or ``error``."""
+        self.stats.scheduling_cycles += 1
+        candidates = objects.affinity_nodes(pod.obj, self.candidates)
+        try:
+            result = await self.client.filter(pod.obj, candidates)
+            passed = list(result.node_names or [])
+            if not passed:
+                self.stats.unschedulable += 1
+                preempt = may_preempt and self._may_preempt(pod) and bool(result.failed_nodes)
+                if preempt and await self._preempt(pod, result.failed_nodes, t):
+                    return "preempted"
+                self._ok()
+                return "unschedulable"
+            scores = await self.client.prioritize(pod.obj, passed)
+            by_host = {s.host: s.score for s in scores}
+            best = max(by_host.get(n, 0) for n in passed)
+            host = self.rng.choice([n for n in passed if by_host.get(n, 0) == best])
+            error = await self.client.bind(pod.namespace, pod.name, uid=pod.uid, node=host)
+        except ExtenderCallError as exc:
+            self._error(f"{pod.namespace}/{pod.name}: {exc}")
+            return "error"
+        if error:
+            self.stats.bind_errors += 1
+            log.info("bind refused", extra=ctx(pod=f"{pod.namespace}/{pod.name}", node=host, error=error))
+            self._ok()
+            return "unschedulable"
+        await self._confirm_bind(pod, host, t)
+        self._ok()
+        return "bound"
+
+    def _ok(self) -> None:
+        self.consecutive_errors = 0
+
+    def _error(self, message: str) -> None:
+        self.consecutive_errors += 1
+        log.warning("extender call failed", extra=ctx(error=message))
+        if self.consecutive_errors >= MAX_CONSECUTIVE_ERRORS:
+            raise SimulationError(f"{MAX_CONSECUTIVE_ERRORS} extender calls in a row failed; last: {message}")
+
+    async def _confirm_bind(self, pod: SimPod, host: str, t: float) -> None:
+        """Read back what bind wrote (``assigned-gpus``, ``spec.nodeName``), check it, mark
+        the pod Running (the kubelet's part) and record it."""
+        obj = await self.store.get(Kind.POD, pod.name, namespace=pod.namespace)
+        raw = (obj["metadata"].get("annotations") or {}).get(keys.ANN_ASSIGNED_GPUS)
+        node = (obj.get("spec") or {}).get("nodeName")
+        try:
+            assignment = Assignment.parse(str(raw)) if raw else None
+        except PodSpecError:
+            assignment = None
+        if (
+            assignment is None
+            or assignment.node != host
+            or node != host
+            or len(assignment.indices) != pod.gpus
+        ):
+            self.stats.assignment_mismatches += 1
+            self.stats.notes.append(
+                f"bind of {pod.namespace}/{pod.name} to {host}: assigned-gpus={raw!r} nodeName={node!r}"
+            )
+        devices = assignment.devices if assignment is not None else ()
+        for d in devices:
+            other = self.held.get(d)
+            if other is not None and other != pod.uid and other in self.pods:
+                await self._check_holder(self.pods[other], d, pod)
+            self.held[d] = pod.uid
+        pod.node = host
+        pod.devices = devices
+        pod.bound_at = t
+        pod.obj = obj
+        self.stats.bound["high" if pod.high else "low"] += 1
+        if pod.request is not None:
+            r = self.requests[pod.request]
+            self.requests[pod.request] = metrics.LpRequest(r.arrival, r.gpus, t)
+        await self._set_phase(pod, "Running")
+
+    async def _check_holder(self, holder: SimPod, device: DeviceKey, new: SimPod) -> None:
+        """``device`` was just bound to ``new`` while the driver still has ``holder`` on it:
+        fine if the store no longer has ``holder`` (the lease controller evicted it since the
+        driver last looked), a double allocation if it still holds the device."""
+        try:
+            obj = await self.store.get(Kind.POD, holder.name, namespace=holder.namespace)
+        except NotFound:
+            self._release(holder)
+            self.stats.evicted_by_controller += int(not holder.high)
+            if self.cycles:
+                self.cycles[-1].lp_pods_evicted += int(not holder.high)
+            return
+        raw = (obj["metadata"].get("annotations") or {}).get(keys.ANN_ASSIGNED_GPUS)
+        phase = (obj.get("status") or {}).get("phase")
+        if raw and phase not in ("Succeeded", "Failed") and device in Assignment.parse(str(raw)).devices:
+            self.stats.double_allocations += 1
+            self.stats.notes.append(f"{device} given to {new.name} while held by {holder.name}")
+
+    async def _set_phase(self, pod: SimPod, phase: str) -> None:
+        with contextlib.suppress(NotFound):
+            await self.store.patch(
+                Kind.POD,
+                pod.name,
+                {"status": {"phase": phase}},
+                namespace=pod.namespace,
+                subresource="status",
+            )
+
+    async def _preempt(self, pod: SimPod, failed: dict[str, str], t: float) -> bool:
+        """kube-scheduler's preemption: propose the LP pods on each failed node as victims,
+        let ``/preempt`` narrow them, pick the node with the fewest PDB violations, then
+        fewest victims, then fewest victim GPUs, and evict them. True when it evicted."""
+        by_node: dict[str, list[SimPod]] = {}
+        for p in self.pods.values():
+            if not p.high and p.node in failed:
+                by_node.setdefault(p.node, []).append(p)
+        if not by_node:
+            return False
+        self.stats.preemption_attempts += 1
+        kept = await self.client.preempt(pod.obj, {n: [p.uid for p in ps] for n, ps in by_node.items()})
+        uid_to_pod = {p.uid: p for ps in by_node.values() for p in ps}
+        options = []
+        for node, victims in kept.items():
+            vs = [uid_to_pod[v.uid] for v in victims.pods if v.uid in uid_to_pod]
+            if len(vs) != len(victims.pods):
+                self.stats.notes.append(f"/preempt named pods that were not proposed on {node}")
+                continue
+            options.append((victims.num_pdb_violations, len(vs), sum(v.gpus for v in vs), node, vs))
+        if not options:
+            return False
+        options.sort(key=lambda o: o[:4])
+        victims_on_node = options[0][4]
+        for victim in victims_on_node:
+            try:
+                await self.store.evict(victim.namespace, victim.name)
+            except NotFound:
+                pass
+            except TooManyRequests:
+                self.stats.notes.append(f"eviction of {victim.name} refused by a PodDisruptionBudget")
+                continue
+            self._release(victim)
+            self.stats.preempted_lp_pods += 1
+            if self.cycles and self.cycles[-1].up_at is not None and self.cycles[-1].restored_at is None:
+                self.cycles[-1].lp_pods_preempted += 1
+                if pod.reclaim:
+                    self.cycles[-1].fallback_preemptions += 1
+        return True
+
+    # ------------------------------------------------------------------ node agents
+
+    async def update_gpus(self, t: float) -> None:
+        """Health and tiers at ``t``: refresh every tier when a refresh period has passed,
+        otherwise downgrade GPUs in (or just out of) an outage; patch changed nodes."""
+        changed: set[str] = set()
+        refresh = tiering.is_refresh_due(self.last_refresh, t, self.tiers)
+        if refresh:
+            self.last_refresh = t
+        lo = t - self.s.tick
+        for key, g in self.gpus.items():
+            healthy = not failures.is_down(g.outages, t)
+            if refresh:
+                tier = tiering.refreshed(g.outages, t, self.tiers)
+            elif not healthy or healthy != g.healthy or failures.downtime(g.outages, lo, t) > 0:
+                tier = tiering.downgraded(g.tier, g.outages, t, self.tiers)
+            else:
+                tier = g.tier
+            if healthy != g.healthy or tier.tier != g.tier.tier:
+                changed.add(key.node)
+            g.healthy = healthy
+            g.tier = tier
+        for node in sorted(changed):
+            await self._patch_node_status(node, t)
+
+    # ------------------------------------------------------------------ LP workload
+
+    async def lp_arrivals(self, t: float) -> None:
+        """Create the LP pods arriving up to ``t`` (pending; each records an LpRequest)."""
+        arrivals = self.world.arrivals
+        while self.arrival_idx < len(arrivals) and arrivals[self.arrival_idx].time <= t:
+            a = arrivals[self.arrival_idx]
+            self.arrival_idx += 1
+            obj = objects.pod(
+                f"lp-{a.job:07d}-{self.arrival_idx:07d}",
+                LP_NAMESPACE,
+                gpus=a.gpus,
+                priority=keys.PRIORITY_LOW,
+                owner=f"job-{a.job}",
+            )
+            self.requests.append(metrics.LpRequest(a.time, a.gpus, None))
+            await self._create_pod(
+                obj, t=a.time, gpus=a.gpus, high=False, duration=a.duration, request=len(self.requests) - 1
+            )
+
+    async def lp_completions(self, t: float) -> None:
+        """Finish LP pods whose run time is over (Succeeded, then deleted) and withdraw pending
+        ones older than the patience (deleted; their request stays unfulfilled)."""
+        for pod in [p for p in self.pods.values() if not p.high]:
+            if pod.node is not None and pod.duration is not None and pod.bound_at is not None:
+                if pod.bound_at + pod.duration <= t:
+                    await self._set_phase(pod, "Succeeded")
+                    await self._delete_pod(pod)
+                    self.stats.completed_lp_pods += 1
+            elif pod.node is None and t - pod.created > self.s.lp_patience:
+                await self._delete_pod(pod)
+                self.stats.withdrawn_lp_pods += 1
+
+    # ------------------------------------------------------------------ online job
+
+    async def scale(self, t: float) -> None:
+        """Apply the scale policy to the tide's demand at ``t``: scale down or up when it says so."""
+        target = tide.decide(self.size, self.world.tide.demand(t), self.policy_kind)
+        if target is self.size:
+            return
+        self.size = target
+        if target is tide.Scale.HALF:
+            await self._scale_down(t)
+        else:
+            await self._scale_up(t)
+
+    async def _scale_down(self, t: float) -> None:
+        if self.cycles and self.cycles[-1].up_at is not None:  # final account of the last cycle
+            if self.reclaim_name is not None:
+                with contextlib.suppress(NotFound):
+                    obj = await self.store.get(Kind.GPULEASE, self.reclaim_name, namespace=JOB_NAMESPACE)
+                    self.reclaim_status = obj.get("status") or {}
+            self._account_cycle(self.cycles[-1])
+        to_release = tide.released_count(self.s.job_gpus)
+        bound = sorted(
+            (p for p in self._job_pods() if p.node), key=lambda p: (p.created, p.seq), reverse=True
+        )
+        chosen: list[SimPod] = []
+        count = 0
+        for pod in bound:
+            if count >= to_release:
+                break
+            chosen.append(pod)
+            count += pod.gpus
+        devices = [d for p in chosen for d in p.devices]
+        for pod in self._job_pods():  # pending scale-up leftovers are dropped too
+            if pod.node is None:
+                await self._delete_pod(pod)
+        for pod in chosen:
+            await self._delete_pod(pod)
+        cycle = metrics.Cycle(down_at=t, released=len(devices))
+        cycle.notes.append(
+            "released " + ",".join(str(d) for d in devices[:4]) + ("…" if len(devices) > 4 else "")
+        )
+        self.cycles.append(cycle)
+        self.released = devices
+        if self.policy is Policy.ROR and devices:
+            lease = objects.gpulease(
+                f"lend-{len(self.cycles):04d}",
+                JOB_OWNER,
+                action=LeaseAction.LEND,
+                devices=devices,
+                grace_period_seconds=self.s.grace_period_seconds,
+            )
+            started = time.perf_counter()
+            await self.store.create(Kind.GPULEASE, lease)
+            final = await self._await_lease(lease["metadata"]["name"], self.s.lend_timeout_wall_s)
+            cycle.lend_wall_s = time.perf_counter() - started
+            cycle.lend_phase = _phase(final)
+            status = (final or {}).get("status") or {}
+            cycle.lent_tagged = len(status.get("lent") or [])
+            cycle.lent_untagged = len(devices) - cycle.lent_tagged
+            self.lend_lease = final
+            if cycle.lend_phase != LeasePhase.DONE.value:
+                cycle.notes.append(f"Lend ended {cycle.lend_phase}: {status.get('message', '')}")
+        await self.barrier.sync()
+
+    async def _await_lease(self, name: str, limit_s: float) -> JsonObj | None:
+        """Poll the lease until Done/Failed or ``timeout`` real seconds; returns the last
+        object seen (None if it vanished). Marks the controller missing on a timeout."""
+        if self.controller_missing:
+            limit_s = min(limit_s, 1.0)
+        deadline = time.monotonic() + limit_s
+        obj: JsonObj | None = None
+        while True:
+            try:
+                obj = await self.store.get(Kind.GPULEASE, name, namespace=JOB_NAMESPACE)
+            except NotFound:
+                return None
+            if _phase(obj) in (LeasePhase.DONE.value, LeasePhase.FAILED.value):
+                return obj
+            if time.monotonic() > deadline:
+                self._controller_timeout(name, obj)
+                return obj
+            await asyncio.sleep(0.01)
+
+    def _controller_timeout(self, name: str, obj: JsonObj | None) -> None:
+        self.stats.controller_timeouts += 1
+        if not self.controller_missing:
+            self.controller_missing = _phase(obj) in (None, LeasePhase.PENDING.value)
+            self.stats.notes.append(
+                f"GPULease {name} still {_phase(obj)!r} after its wait: "
+                + (
+                    "the lease controller does not seem to run in the extender"
+                    if self.controller_missing
+                    else f"status: {((obj or {}).get('status') or {}).get('message', '')}"
+                )
+            )
+
+    async def _scale_up(self, t: float) -> None:
+        cycle = self.cycles[-1] if self.cycles and self.cycles[-1].up_at is None else metrics.Cycle(t, 0)
+        cycle.up_at = t
+        self.reclaim_name = None
+        self.reclaim_status = {}
+        if self.policy is Policy.ROR:
+            lent = ((self.lend_lease or {}).get("status") or {}).get("lent") or []
+            if lent:
+                await self._reclaim(cycle, len(lent), t)
+        await self._fill_job(t)
+        await self.barrier.sync()
+        await self._schedule_round(t)
+        self._account_cycle(cycle)
+
+    async def _reclaim(self, cycle: metrics.Cycle, count: int, t: float) -> None:
+        name = f"reclaim-{len(self.cycles):04d}"
+        lease = objects.gpulease(
+            name,
+            JOB_OWNER,
+            action=LeaseAction.RECLAIM,
+            count=count,
+            grace_period_seconds=self.s.grace_period_seconds,
+        )
+        started = time.perf_counter()
+        await self.store.create(Kind.GPULEASE, lease)
+        self.reclaim_name = name
+        limit_s = self.s.reclaim_timeout_wall_s if not self.controller_missing else 1.0
+        deadline = time.monotonic() + limit_s
+        obj: JsonObj | None = None
+        while True:
+            obj = await self.store.get(Kind.GPULEASE, name, namespace=JOB_NAMESPACE)
+            phase = _phase(obj)
+            if phase in (LeasePhase.DONE.value, LeasePhase.FAILED.value):
+                break
+            if time.monotonic() > deadline:
+                self._controller_timeout(name, obj)
+                break
+            if phase == LeasePhase.IN_PROGRESS.value:
+                cycle.lp_pods_evicted += await self.reconcile_pods()
+                await self._pin_reclaim_pods(t)
+                await self.barrier.sync()
+                await self._schedule_round(t, only_high=True)  # virtual time stands still
+            await asyncio.sleep(0.01)
+        cycle.reclaim_wall_s = time.perf_counter() - started
+        cycle.reclaim_phase = phase
+        cycle.lp_pods_evicted += await self.reconcile_pods()
+        status = (obj or {}).get("status") or {}
+        if phase != LeasePhase.DONE.value:
+            cycle.notes.append(f"Reclaim ended {phase}: {status.get('message', '')}")
+        self.reclaim_status = status
+
+    async def _owner_tags(self) -> dict[str, list[int]]:
+        """Devices tagged for the job that its pods do not hold, by node."""
+        out: dict[str, list[int]] = {}
+        for obj in (await self.store.list(Kind.GPUNODE)).items:
+            node = obj["metadata"]["name"]
+            for idx, dev in ((obj.get("spec") or {}).get("devices") or {}).items():
+                key = DeviceKey(node, int(idx))
+                holder = self.pods.get(self.held.get(key, ""))
+                if (dev or {}).get("owner") == JOB_OWNER and not (holder and holder.high):
+                    out.setdefault(node, []).append(int(idx))
+        return out
+
+    async def _pin_reclaim_pods(self, t: float) -> None:
+        """Keep one pending reclaim pod per node, pinned there, sized to the job's unheld tags."""
+        wanted = {n: len(ix) for n, ix in (await self._owner_tags()).items()}
+        for pod in [p for p in self._job_pods() if p.node is None and p.reclaim]:
+            if pod.pinned is None or wanted.get(pod.pinned) != pod.gpus:
+                await self._delete_pod(pod)
+            else:
+                wanted.pop(pod.pinned)
+        for node, n in sorted(wanted.items()):
+            for size in traces.split_pods(n, self.s.gpus_per_node):
+                await self._create_job_pod(size, t, pinned=node, reclaim=True)
+
+    async def _fill_job(self, t: float) -> None:
+        """Create pods for the rest of the job's peak size: pinned reclaim pods for GPUs still
+        tagged for it (right-of-return), then unpinned pods of whole nodes for the remainder."""
+        if self.policy is Policy.ROR:
+            await self._pin_reclaim_pods(t)
+        have = sum(p.gpus for p in self._job_pods())
+        missing = self.s.job_gpus - have
+        if missing > 0:
+            for size in traces.split_pods(missing, self.s.gpus_per_node):
+                await self._create_job_pod(size, t, pinned=None, reclaim=False)
+
+    def _account_cycle(self, cycle: metrics.Cycle) -> None:
+        """Count, for the cycle, the released GPUs the job holds again and, with
+        right-of-return, the lent GPUs held again, supplemented (the job holds the standby
+        replacement named in the Reclaim status) or missing."""
+        held = set(self._job_devices())
+        cycle.same_devices_back = sum(1 for d in self.released if d in held)
+        if self.policy is not Policy.ROR:
+            return
+        status = self.reclaim_status
+        lent = [
+            DeviceKey(d["node"], int(d["index"]))
+            for d in (((self.lend_lease or {}).get("status") or {}).get("lent") or [])
+        ]
+        supplements = {
+            DeviceKey(s["original"]["node"], int(s["original"]["index"])): DeviceKey(
+                s["replacement"]["node"], int(s["replacement"]["index"])
+            )
+            for s in status.get("supplementedFromStandby") or []
+        }
+        cycle.reclaimed_same = sum(1 for d in lent if d in held)
+        cycle.supplemented = sum(1 for d in lent if d not in held and supplements.get(d) in held)
+        cycle.missing = len(lent) - cycle.reclaimed_same - cycle.supplemented
+
+    def check_restored(self, t: float) -> None:
+        """Mark the current cycle restored once the job holds its full size again, and
+        account its completeness then (pods bound after the scale-up tick count)."""
+        if not self.cycles:
+            return
+        c = self.cycles[-1]
+        restored = sum(len(p.devices) for p in self._job_pods()) >= self.s.job_gpus
+        if c.up_at is not None and c.restored_at is None and restored:
+            c.restored_at = t
+            self._account_cycle(c)
+
+    # ------------------------------------------------------------------ metrics
+
+    def sample(self, t: float) -> None:
+        """Record the hourly :class:`metrics.Sample` at ``t``."""
+        job = self._job_devices()
+        ha = sum(1 for d in job if self.gpus[d].tier.tier is Tier.HA)
+        general_set = set(self.general)
+        general = [k for k in self.gpus if k.node in general_set]
+        cluster_ha = sum(1 for k in general if self.gpus[k].tier.tier is Tier.HA) / len(general)
+        static_ha = sum(1 for d in self.static_set if self.gpus[d].tier.tier is Tier.HA) / max(
+            1, len(self.static_set)
+        )
+        standby = set(self.standby)
+        self.samples.append(
+            metrics.Sample(
+                t=t,
+                job_gpus=len(job),
+                job_ha=ha,
+                cluster_ha_share=cluster_ha,
+                full=self.size is tide.Scale.FULL and len(job) >= self.s.job_gpus,
+                job_standby_gpus=sum(1 for d in job if d.node in standby),
+                standby_in_use=sum(1 for d in self.held if d.node in standby),
+                lp_running_gpus=sum(p.gpus for p in self.pods.values() if not p.high and p.node),
+                static_ha_share=static_ha,
+            )
+        )
+
+    # ------------------------------------------------------------------ main loop
+
+    async def run(self) -> None:
+        """Set up, then tick until the horizon. Raises :class:`SimulationError` when the
+        extender or the store keeps failing."""
+        self.wall_started = time.perf_counter()
+        try:
+            await self.setup()
+            self.sample(0.0)
+            ticks = int(self.s.horizon // self.s.tick)
+            for k in range(1, ticks + 1):
+                t = k * self.s.tick
+                await self.update_gpus(t)
+                await self.lp_completions(t)
+                await self.scale(t)
+                await self.lp_arrivals(t)
+                if t % 3600 == 0:
+                    await self.reconcile_pods()
+                if self.dirty or any(p.node is None for p in self.pods.values()):
+                    await self.barrier.sync()
+                    self.dirty = False
+                    await self._schedule_round(t)
+                self.check_restored(t)
+                if t % 3600 == 0:
+                    self.sample(t)
+                if k % (ticks // 20 or 1) == 0:
+                    log.info(
+                        "simulation progress",
+                        extra=ctx(
+                            policy=self.policy.value,
+                            day=round(t / traces.DAY, 2),
+                            pods=len(self.pods),
+                            wall_s=round(time.perf_counter() - self.wall_started, 1),
+                        ),
+                    )
+        except StoreError as exc:
+            raise SimulationError(f"store failed: {exc}") from exc
+        finally:
+            self.wall_s = time.perf_counter() - self.wall_started
+            self.stats.barrier_waits = self.barrier.waits
+            self.stats.barrier_wall_s = self.barrier.wall_s
+
+    def report(self) -> dict[str, Any]:
+        """The policy's section of the JSON report."""
+        s = self.s
+        since = s.warmup
+        return {
+            "policy": self.policy.value,
+            "wall_s": round(self.wall_s, 1),
+            "ha_share": metrics.ha_share_summary(self.samples),
+            "lp_fulfilment": {
+                "overall": metrics.overall_fulfilment(self.requests, patience=s.lp_patience, since=since),
+                "trough_00_06": metrics.overall_fulfilment(
+                    self.requests, patience=s.lp_patience, since=since, hours=range(6)
+                ),
+                "rest_06_24": metrics.overall_fulfilment(
+                    self.requests, patience=s.lp_patience, since=since, hours=range(6, 24)
+                ),
+                "by_hour_of_day": metrics.fulfilment_by_hour(
+                    self.requests, patience=s.lp_patience, since=since
+                ),
+                "requests": sum(1 for r in self.requests if r.arrival >= since),
+            },
+            "reclaim": metrics.cycle_summary(self.cycles),
+            "standby": {
+                "max_job_standby_gpus": max((x.job_standby_gpus for x in self.samples), default=0),
+                "max_standby_in_use": max((x.standby_in_use for x in self.samples), default=0),
+                "final_job_standby_gpus": self.samples[-1].job_standby_gpus if self.samples else 0,
+            },
+            "scheduling": {
+                "cycles": self.stats.scheduling_cycles,
+                "bound_high": self.stats.bound["high"],
+                "bound_low": self.stats.bound["low"],
+                "unschedulable": self.stats.unschedulable,
+                "bind_errors": self.stats.bind_errors,
+                "preemption_attempts": self.stats.preemption_attempts,
+                "preempted_lp_pods": self.stats.preempted_lp_pods,
+                "lp_pods_evicted_by_controller": self.stats.evicted_by_controller,
+                "lp_pods_completed": self.stats.completed_lp_pods,
+                "lp_pods_withdrawn": self.stats.withdrawn_lp_pods,
+                "double_allocations": self.stats.double_allocations,
+                "assignment_mismatches": self.stats.assignment_mismatches,
+                "barrier_waits": self.stats.barrier_waits,
+                "barrier_wall_s": round(self.stats.barrier_wall_s, 2),
+                "gpunode_status_patches": self.stats.status_patches,
+                "controller_timeouts": self.stats.controller_timeouts,
+                "http": self.client.stats.as_dict(),
+                "http_errors": sum(self.client.stats.errors.values()),
+            },
+            "notes": self.stats.notes[:50],
+            "cycles": [c.as_dict() for c in self.cycles],
+            "samples": [
+                {
+                    "t": x.t,
+                    "job_gpus": x.job_gpus,
+                    "job_ha": x.job_ha,
+                    "job_ha_share": x.job_ha_share,
+                    "cluster_ha_share": round(x.cluster_ha_share, 4),
+                    "static_ha_share": round(x.static_ha_share, 4),
+                    "full": x.full,
+                    "job_standby_gpus": x.job_standby_gpus,
+                    "standby_in_use": x.standby_in_use,
+                    "lp_running_gpus": x.lp_running_gpus,
+                }
+                for x in self.samples
+            ],
+        }
+
+
+def _phase(obj: JsonObj | None) -> str | None:
+    if obj is None:
+        return None
+    phase = (obj.get("status") or {}).get("phase")
+    return str(phase) if phase else LeasePhase.PENDING.value
+
+
+def build_world(scenario: Scenario) -> World:
+    """LP arrivals (trace or synthetic), the tide and the GPU outage histories for a scenario.
+    Missing trace files fall back to synthetic arrivals and the plain Fig. 2 tide, with the
+    reason in ``lp_source``/``tide_source``."""
+    s = scenario
+    data = s.data_dir
+    lp_source: str
+    arrivals: list[traces.PodArrival]
+    trace_file = data / traces.TRACE_FILES[s.trace] if s.trace in traces.TRACE_FILES else None
+    if trace_file is not None and trace_file.is_file():
+        jobs = traces.parse_jobs(traces.read_text(trace_file), source=str(trace_file))
+        scaling = traces.Scaling(
+            target_load=s.lp_target_load,
+            horizon=s.horizon,
+            gpu_scale=s.alibaba_gpu_scale if s.trace == "alibaba" else 1.0,
+            max_job_gpus=s.general_gpus // 4,
+            max_duration=s.lp_max_duration,
+            gpus_per_node=s.gpus_per_node,
+        )
+        arrivals = traces.scale_jobs(jobs, scaling, seed=s.seed)
+        lp_source = f"trace:{trace_file}"
+    else:
+        why = "requested" if s.trace == "synthetic" else f"MISSING {trace_file}"
+        log.warning("LP arrivals are synthetic", extra=ctx(reason=why))
+        arrivals = traces.synthetic_arrivals(
+            s.lp_target_load, s.horizon, seed=s.seed, max_duration=s.lp_max_duration
+        )
+        lp_source = f"synthetic ({why})"
+    helios = data / traces.HELIOS_MONTH
+    if s.shape_tide and helios.is_file():
+        the_tide = tide.Tide.shaped(traces.parse_util(traces.read_text(helios), source=str(helios)))
+        tide_source = f"Fig. 2 cosine 0.39–0.92 shaped by {helios}"
+    else:
+        the_tide = tide.Tide()
+        tide_source = "Fig. 2 cosine 0.39–0.92" + ("" if not s.shape_tide else f" (no {helios})")
+    model = failures.FailureModel.calibrated()
+    outages: dict[DeviceKey, tuple[failures.Interval, ...]] = {}
+    for node in general_nodes(s) + standby_nodes(s):
+        for i in range(s.gpus_per_node):
+            outages[DeviceKey(node, i)] = failures.outages(
+                model, node, i, seed=s.seed, start=-s.tier_window - traces.DAY, end=s.horizon + s.tick
+            )
+    return World(tuple(arrivals), lp_source, the_tide, tide_source, outages, model)
+
+
+def iter_policies(choice: str) -> Iterable[Policy]:
+    """``both`` → ror then plain; otherwise that one policy. Raises ``ValueError``."""
+    if choice == "both":
+        return (Policy.ROR, Policy.PLAIN)
+    return (Policy(choice),)

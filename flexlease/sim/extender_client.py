@@ -1,0 +1,169 @@
+"""kube-scheduler's side of the HTTP extender protocol (``k8s.io/kube-scheduler/extender/v1``).
+
+The simulator calls the real extender exactly as kube-scheduler configured with
+``nodeCacheCapable: true`` does: ``POST /filter`` and ``/prioritize`` with
+``{"Pod": <v1.Pod JSON>, "Nodes": null, "NodeNames": [...]}``, ``/bind`` with
+``{"PodName", "PodNamespace", "PodUID", "Node"}``, ``/preempt`` with
+``{"Pod", "NodeNameToVictims": null, "NodeNameToMetaVictims": {node: {"Pods": [{"UID"}],
+"NumPDBViolations"}}}``. Any non-200 status, a timeout (kube-scheduler's default 5 s), a
+body that is not the expected type, or a filter reply naming a node outside the candidates
+(the contract says replies are a subset) raises :class:`ExtenderCallError` and is counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiohttp
+from pydantic import ValidationError
+
+from flexlease.api import wire
+from flexlease.errors import FlexleaseError
+
+DEFAULT_TIMEOUT_SECONDS: Final = 5.0
+"""kube-scheduler's default extender ``httpTimeout``."""
+
+
+class ExtenderCallError(FlexleaseError):
+    """A call to the extender failed: transport error, timeout, non-200, or a reply that
+    breaks the protocol. ``verb`` names the call."""
+
+    def __init__(self, verb: str, message: str) -> None:
+        super().__init__(f"/{verb}: {message}")
+        self.verb = verb
+
+
+@dataclass(slots=True)
+class CallStats:
+    """Counts per verb: calls made, errors, and total seconds spent."""
+
+    calls: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        verbs = sorted(set(self.calls) | set(self.errors))
+        return {
+            v: {
+                "calls": self.calls[v],
+                "errors": self.errors[v],
+                "mean_ms": round(1000 * self.seconds.get(v, 0.0) / self.calls[v], 3)
+                if self.calls[v]
+                else 0.0,
+            }
+            for v in verbs
+        }
+
+
+class ExtenderClient:
+    """Calls one extender at ``base_url`` (``http://127.0.0.1:<port>``) over ``session``."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS
+    ) -> None:
+        self._session = session
+        self._base = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self.stats = CallStats()
+
+    async def _post(self, verb: str, body: dict[str, Any]) -> Any:
+        self.stats.calls[verb] += 1
+        started = time.perf_counter()
+        try:
+            async with self._session.post(f"{self._base}/{verb}", json=body, timeout=self._timeout) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise ExtenderCallError(verb, f"HTTP {resp.status}: {text[:300]}")
+                try:
+                    return await resp.json(content_type=None)
+                except ValueError as exc:
+                    raise ExtenderCallError(verb, f"reply is not JSON: {text[:300]}") from exc
+        except ExtenderCallError:
+            self.stats.errors[verb] += 1
+            raise
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.stats.errors[verb] += 1
+            raise ExtenderCallError(verb, f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            self.stats.seconds[verb] = self.stats.seconds.get(verb, 0.0) + time.perf_counter() - started
+
+    def _protocol_error(self, verb: str, message: str) -> ExtenderCallError:
+        self.stats.errors[verb] += 1
+        return ExtenderCallError(verb, message)
+
+    async def filter(self, pod: dict[str, Any], node_names: list[str]) -> wire.ExtenderFilterResult:
+        """``/filter``. Raises :class:`ExtenderCallError` on failure, on a reply naming a node
+        outside ``node_names``, or on a non-empty ``Error`` (which fails the cycle)."""
+        body = wire.ExtenderArgs(pod=pod, nodes=None, node_names=node_names).to_wire()
+        raw = await self._post("filter", body)
+        try:
+            result = wire.ExtenderFilterResult.model_validate(raw)
+        except ValidationError as exc:
+            raise self._protocol_error("filter", f"bad reply: {exc}") from exc
+        if result.error:
+            raise self._protocol_error("filter", f"Error: {result.error}")
+        extra = set(result.node_names or []) - set(node_names)
+        if extra or result.nodes is not None:
+            raise self._protocol_error(
+                "filter", f"reply outside the candidates or with Nodes: {sorted(extra)}"
+            )
+        return result
+
+    async def prioritize(self, pod: dict[str, Any], node_names: list[str]) -> list[wire.HostPriority]:
+        """``/prioritize``: one score 0–10 per candidate. Raises :class:`ExtenderCallError`."""
+        body = wire.ExtenderArgs(pod=pod, nodes=None, node_names=node_names).to_wire()
+        raw = await self._post("prioritize", body)
+        if not isinstance(raw, list):
+            raise self._protocol_error("prioritize", "reply is not a HostPriorityList")
+        try:
+            scores = [wire.HostPriority.model_validate(item) for item in raw]
+        except ValidationError as exc:
+            raise self._protocol_error("prioritize", f"bad reply: {exc}") from exc
+        if {s.host for s in scores} - set(node_names):
+            raise self._protocol_error("prioritize", "scores for nodes outside the candidates")
+        return scores
+
+    async def bind(self, namespace: str, name: str, *, uid: str, node: str) -> str:
+        """``/bind``; returns the reply's ``Error`` ("" on success). Raises
+        :class:`ExtenderCallError` on transport/protocol failures."""
+        body = wire.ExtenderBindingArgs(
+            pod_name=name, pod_namespace=namespace, pod_uid=uid, node=node
+        ).to_wire()
+        raw = await self._post("bind", body)
+        try:
+            return wire.ExtenderBindingResult.model_validate(raw).error
+        except ValidationError as exc:
+            raise self._protocol_error("bind", f"bad reply: {exc}") from exc
+
+    async def preempt(
+        self, pod: dict[str, Any], victims: dict[str, list[str]]
+    ) -> dict[str, wire.MetaVictims]:
+        """``/preempt`` with ``NodeNameToMetaVictims`` (``victims``: node → pod UIDs). Returns
+        the nodes the extender keeps with their victims. Raises :class:`ExtenderCallError`."""
+        args = wire.ExtenderPreemptionArgs(
+            pod=pod,
+            node_name_to_victims=None,
+            node_name_to_meta_victims={
+                node: wire.MetaVictims(pods=[wire.MetaPod(uid=u) for u in uids], num_pdb_violations=0)
+                for node, uids in victims.items()
+            },
+        )
+        raw = await self._post("preempt", args.to_wire())
+        try:
+            result = wire.ExtenderPreemptionResult.model_validate(raw)
+        except ValidationError as exc:
+            raise self._protocol_error("preempt", f"bad reply: {exc}") from exc
+        if set(result.node_name_to_meta_victims) - set(victims):
+            raise self._protocol_error("preempt", "reply names nodes that were not proposed")
+        return dict(result.node_name_to_meta_victims)
+
+    async def ready(self) -> bool:
+        """``GET /readyz`` → True on 200. Transport errors read as not ready."""
+        try:
+            async with self._session.get(f"{self._base}/readyz", timeout=self._timeout) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False

@@ -1,0 +1,169 @@
+"""What a simulation run measures, and the summaries of the report (pure; no I/O).
+
+* Fig. 14 — :class:`Sample`: every simulated hour, the online job's GPUs and how many are
+  HA, the cluster's HA share, the job's size and standby use.
+* Fig. 10 — :class:`LpRequest`: every low-priority pod's arrival, GPUs and bind time;
+  :func:`fulfilment_by_hour` is the share of requested GPUs granted within the patience
+  window, by hour of day of the request (WeFlex §4.3.2: "if the tenant requests 100 GPUs,
+  only roughly 40 are granted immediately").
+* Reclaim completeness — :class:`Cycle`: per lend/reclaim cycle, the GPUs released, the
+  GPUs lent with a right-of-return tag, how many came back as the same device, how many
+  were supplemented from the standby pool, how many are missing, and latencies.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from flexlease.sim.traces import DAY
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One hourly observation. ``t`` in seconds since the start; counts in GPUs."""
+
+    t: float
+    job_gpus: int
+    job_ha: int
+    cluster_ha_share: float
+    full: bool
+    job_standby_gpus: int
+    standby_in_use: int
+    lp_running_gpus: int
+    static_ha_share: float
+
+    @property
+    def job_ha_share(self) -> float | None:
+        return self.job_ha / self.job_gpus if self.job_gpus else None
+
+
+@dataclass(frozen=True, slots=True)
+class LpRequest:
+    """A low-priority pod: arrival (s), GPUs, and bind time (s) or None if never bound."""
+
+    arrival: float
+    gpus: int
+    bound: float | None
+
+
+@dataclass(slots=True)
+class Cycle:
+    """One scale-down/scale-up cycle of the online job (times in simulated seconds; wall
+    times in real seconds)."""
+
+    down_at: float
+    released: int
+    up_at: float | None = None
+    lent_tagged: int = 0
+    lent_untagged: int = 0
+    reclaimed_same: int = 0
+    supplemented: int = 0
+    missing: int = 0
+    same_devices_back: int = 0
+    lend_phase: str | None = None
+    reclaim_phase: str | None = None
+    lend_wall_s: float | None = None
+    reclaim_wall_s: float | None = None
+    restored_at: float | None = None
+    lp_pods_evicted: int = 0
+    lp_pods_preempted: int = 0
+    fallback_preemptions: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Every tagged lent GPU came back as itself or as a standby supplement."""
+        return self.up_at is not None and self.missing == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["complete"] = self.complete
+        return out
+
+
+def fulfilment_by_hour(
+    requests: Sequence[LpRequest], *, patience: float, since: float = 0.0
+) -> list[float | None]:
+    """Per hour of day (24 entries) of the request: Σ GPUs bound within ``patience`` seconds
+    of arrival / Σ GPUs requested (ratio 0–1; None for an hour with no request). Requests
+    before ``since`` (the warm-up) are ignored."""
+    asked = [0] * 24
+    granted = [0] * 24
+    for r in requests:
+        if r.arrival < since:
+            continue
+        h = int((r.arrival % DAY) // 3600)
+        asked[h] += r.gpus
+        if r.bound is not None and r.bound - r.arrival <= patience:
+            granted[h] += r.gpus
+    return [g / a if a else None for g, a in zip(granted, asked, strict=True)]
+
+
+def overall_fulfilment(
+    requests: Sequence[LpRequest], *, patience: float, since: float = 0.0, hours: range = range(24)
+) -> float | None:
+    """GPU-weighted fulfilment over the requests whose hour of day is in ``hours``."""
+    asked = granted = 0
+    for r in requests:
+        if r.arrival < since or int((r.arrival % DAY) // 3600) not in hours:
+            continue
+        asked += r.gpus
+        if r.bound is not None and r.bound - r.arrival <= patience:
+            granted += r.gpus
+    return granted / asked if asked else None
+
+
+def ha_share_summary(samples: Sequence[Sample], *, days: float = 7.0) -> dict[str, float | None]:
+    """The job's HA share at full size: at the start (first sample), mean over the first
+    and the last ``days`` days, and the cluster's mean HA share over the last ``days``."""
+    full = [s for s in samples if s.full and s.job_gpus]
+    if not full:
+        return {
+            "start": None,
+            "first_days_mean": None,
+            "last_days_mean": None,
+            "cluster_last_days_mean": None,
+        }
+    end = full[-1].t
+    first = [s.job_ha / s.job_gpus for s in full if s.t <= full[0].t + days * DAY]
+    last = [s.job_ha / s.job_gpus for s in full if s.t >= end - days * DAY]
+    cluster_last = [s.cluster_ha_share for s in samples if s.t >= end - days * DAY]
+    static_last = [s.static_ha_share for s in samples if s.t >= end - days * DAY]
+    return {
+        "start": full[0].job_ha / full[0].job_gpus,
+        "first_days_mean": statistics.fmean(first),
+        "last_days_mean": statistics.fmean(last),
+        "cluster_last_days_mean": statistics.fmean(cluster_last) if cluster_last else None,
+        "static_last_days_mean": statistics.fmean(static_last) if static_last else None,
+    }
+
+
+def cycle_summary(cycles: Sequence[Cycle]) -> dict[str, Any]:
+    """Totals over the cycles that scaled back up: how many were complete, GPUs lent with a
+    tag, reclaimed as the same device, supplemented, missing; reclaim wall time (s) mean and
+    max; restore delay (simulated s) mean and max."""
+    done = [c for c in cycles if c.up_at is not None]
+    walls = [c.reclaim_wall_s for c in done if c.reclaim_wall_s is not None]
+    delays = [c.restored_at - c.up_at for c in done if c.restored_at is not None and c.up_at is not None]
+    return {
+        "cycles": len(done),
+        "complete_cycles": sum(1 for c in done if c.complete),
+        "released_gpus": sum(c.released for c in done),
+        "lent_tagged": sum(c.lent_tagged for c in done),
+        "lent_untagged": sum(c.lent_untagged for c in done),
+        "reclaimed_same": sum(c.reclaimed_same for c in done),
+        "supplemented": sum(c.supplemented for c in done),
+        "missing": sum(c.missing for c in done),
+        "same_devices_back": sum(c.same_devices_back for c in done),
+        "restored_cycles": sum(1 for c in done if c.restored_at is not None),
+        "reclaim_wall_s_mean": statistics.fmean(walls) if walls else None,
+        "reclaim_wall_s_max": max(walls) if walls else None,
+        "restore_delay_s_mean": statistics.fmean(delays) if delays else None,
+        "restore_delay_s_max": max(delays) if delays else None,
+        "lp_pods_evicted": sum(c.lp_pods_evicted for c in done),
+        "lp_pods_preempted": sum(c.lp_pods_preempted for c in done),
+        "fallback_preemptions": sum(c.fallback_preemptions for c in done),
+    }

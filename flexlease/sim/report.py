@@ -1,0 +1,195 @@
+"""The simulator's outputs: ``report.json``, two PNG plots (matplotlib, Agg) and a text table.
+
+* ``ha_share.png`` (Fig. 14): the online job's HA share at full size over simulated days for
+  each policy, with the share of its initial GPUs held fixed (no elastic scaling) and the
+  cluster's HA share for reference;
+* ``lp_fulfilment.png`` (Fig. 10): LP request fulfilment by hour of day for each policy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from flexlease.sim.traces import DAY
+
+COLORS = {"ror": "tab:green", "plain": "tab:red"}
+LABELS = {"ror": "right-of-return", "plain": "plain leasing"}
+
+
+def write_json(report: dict[str, Any], out: Path) -> Path:
+    """Write ``report.json`` under ``out``; returns its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    return path
+
+
+def _daily(samples: list[dict[str, Any]], key: str, *, full_only: bool) -> tuple[list[float], list[float]]:
+    """Per-day means of ``key`` over samples (optionally only those at full size)."""
+    days: dict[int, list[float]] = {}
+    for s in samples:
+        value = s.get(key)
+        if value is None or (full_only and not s.get("full")):
+            continue
+        days.setdefault(int(s["t"] // DAY), []).append(float(value))
+    xs = sorted(days)
+    return [x + 0.5 for x in xs], [sum(days[x]) / len(days[x]) for x in xs]
+
+
+def plot(report: dict[str, Any], out: Path) -> list[Path]:
+    """Write the two PNGs; returns their paths. Policies that failed are left out."""
+    policies = {k: v for k, v in report["policies"].items() if v.get("samples")}
+    paths: list[Path] = []
+
+    fig = Figure(figsize=(8, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    reference: list[dict[str, Any]] = []
+    for name, section in policies.items():
+        xs, ys = _daily(section["samples"], "job_ha_share", full_only=True)
+        ax.plot(
+            xs, [100 * y for y in ys], color=COLORS.get(name), label=f"online job, {LABELS.get(name, name)}"
+        )
+        reference = section["samples"]
+    if reference:
+        xs, ys = _daily(reference, "static_ha_share", full_only=False)
+        ax.plot(
+            xs, [100 * y for y in ys], color="tab:blue", linestyle=":", label="initial GPUs kept (no scaling)"
+        )
+        xs, ys = _daily(reference, "cluster_ha_share", full_only=False)
+        ax.plot(xs, [100 * y for y in ys], color="grey", linestyle="--", label="cluster average")
+    ax.set_xlabel("simulated day")
+    ax.set_ylabel("HA share of the online job's GPUs (%)")
+    ax.set_title("HA share over time (cf. WeFlex Fig. 14), daily means at peak size")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    path = out / "ha_share.png"
+    fig.savefig(path, dpi=110)
+    paths.append(path)
+
+    fig = Figure(figsize=(8, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    width = 0.4
+    for k, (name, section) in enumerate(policies.items()):
+        by_hour = section["lp_fulfilment"]["by_hour_of_day"]
+        xs = [h + (k - 0.5) * width for h in range(24)]
+        ax.bar(
+            xs,
+            [100 * (v or 0.0) for v in by_hour],
+            width=width,
+            color=COLORS.get(name),
+            label=LABELS.get(name, name),
+        )
+    ax.set_xlabel("hour of day of the request")
+    ax.set_ylabel("GPUs granted / requested (%)")
+    ax.set_title("LP request fulfilment by hour (cf. WeFlex Fig. 10)")
+    ax.set_xticks(range(0, 24, 2))
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "lp_fulfilment.png"
+    fig.savefig(path, dpi=110)
+    paths.append(path)
+    return paths
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * float(value):.1f} %"
+
+
+def _num(value: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def table(report: dict[str, Any]) -> str:
+    """A short Markdown table of the headline figures per policy."""
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("HA share of the job at start", lambda p: _pct(p["ha_share"]["start"])),
+        ("HA share, first 7 days (mean at peak)", lambda p: _pct(p["ha_share"]["first_days_mean"])),
+        ("HA share, last 7 days (mean at peak)", lambda p: _pct(p["ha_share"]["last_days_mean"])),
+        ("cluster HA share, last 7 days", lambda p: _pct(p["ha_share"]["cluster_last_days_mean"])),
+        ("initial GPUs kept, last 7 days", lambda p: _pct(p["ha_share"].get("static_last_days_mean"))),
+        (
+            "scale-up cycles (complete / all)",
+            lambda p: f"{p['reclaim']['complete_cycles']} / {p['reclaim']['cycles']}",
+        ),
+        (
+            "lent GPUs tagged / untagged (LA)",
+            lambda p: f"{p['reclaim']['lent_tagged']} / {p['reclaim']['lent_untagged']}",
+        ),
+        (
+            "reclaimed same GPU / supplemented / missing",
+            lambda p: " / ".join(str(p["reclaim"][k]) for k in ("reclaimed_same", "supplemented", "missing")),
+        ),
+        (
+            "released GPUs the job got back",
+            lambda p: f"{p['reclaim']['same_devices_back']} / {p['reclaim']['released_gpus']}",
+        ),
+        (
+            "reclaim wall time mean / max (s)",
+            lambda p: (
+                f"{_num(p['reclaim']['reclaim_wall_s_mean'])} / {_num(p['reclaim']['reclaim_wall_s_max'])}"
+            ),
+        ),
+        (
+            "restore delay mean / max (sim min)",
+            lambda p: (
+                f"{_num(_div(p['reclaim']['restore_delay_s_mean'], 60), '{:.0f}')}"
+                f" / {_num(_div(p['reclaim']['restore_delay_s_max'], 60), '{:.0f}')}"
+            ),
+        ),
+        ("standby GPUs held by the job (max)", lambda p: str(p["standby"]["max_job_standby_gpus"])),
+        ("LP fulfilment overall", lambda p: _pct(p["lp_fulfilment"]["overall"])),
+        (
+            "LP fulfilment 00–06 / 06–24",
+            lambda p: (
+                f"{_pct(p['lp_fulfilment']['trough_00_06'])} / {_pct(p['lp_fulfilment']['rest_06_24'])}"
+            ),
+        ),
+        (
+            "LP pods evicted (controller / preemption)",
+            lambda p: (
+                f"{p['scheduling']['lp_pods_evicted_by_controller']} / {p['scheduling']['preempted_lp_pods']}"
+            ),
+        ),
+        (
+            "scheduling cycles / HTTP errors",
+            lambda p: f"{p['scheduling']['cycles']} / {p['scheduling']['http_errors']}",
+        ),
+        (
+            "double allocations / bind mismatches",
+            lambda p: f"{p['scheduling']['double_allocations']} / {p['scheduling']['assignment_mismatches']}",
+        ),
+        ("wall time (s)", lambda p: _num(p.get("wall_s"), "{:.0f}")),
+    ]
+    names = list(report["policies"])
+    lines = ["| | " + " | ".join(LABELS.get(n, n) for n in names) + " |", "|---|" + "---|" * len(names)]
+    for label, fn in rows:
+        cells = []
+        for n in names:
+            section = report["policies"][n]
+            if "error" in section and "ha_share" not in section:
+                cells.append("error")
+                continue
+            try:
+                cells.append(fn(section))
+            except (KeyError, TypeError):
+                cells.append("-")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    errors = [f"{n}: {report['policies'][n]['error']}" for n in names if "error" in report["policies"][n]]
+    if errors:
+        lines.append("")
+        lines.extend(f"ERROR {e}" for e in errors)
+    return "\n".join(lines)
+
+
+def _div(value: Any, by: float) -> float | None:
+    return None if value is None else float(value) / by

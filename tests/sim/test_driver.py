@@ -1,0 +1,49 @@
+"""flexlease.sim.driver: inputs shared by both policies (trace, tide, outages), without a server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flexlease.api.resources import DeviceKey
+from flexlease.sim import driver
+from flexlease.sim.scenario import Policy, Scenario
+
+HEAD = "submit_time_s,gpus,duration_s,tenant,status,source_job_index,submit_time_local\n"
+
+
+def _write_trace(data: Path) -> None:
+    data.mkdir()
+    rows = [f"{i * 900},{1 + i % 12},{3600 + i * 10},,,{i},x" for i in range(200)]
+    (data / "jobs_philly.csv").write_text(HEAD + "\n".join(rows) + "\n")
+    util = [f"{m * 600},{0.6 + (m % 144) / 1440},1,856,0,x" for m in range(144 * 3)]
+    (data / "cluster_util_helios_earth_may2020_10min.csv").write_text(
+        "time_s,mean_util,running_gpus,total_gpus,pending_gpus,time_local\n" + "\n".join(util) + "\n"
+    )
+
+
+def test_world_uses_the_trace_and_the_helios_shape_when_present(tmp_path: Path) -> None:
+    _write_trace(tmp_path / "data")
+    s = Scenario(nodes=4, standby_nodes=1, days=3, data_dir=tmp_path / "data")
+    world = driver.build_world(s)
+    assert world.lp_source.startswith("trace:")
+    assert "shaped by" in world.tide_source
+    assert world.arrivals and all(a.gpus <= 8 for a in world.arrivals)
+    assert len(world.outages) == 5 * 8
+    assert DeviceKey("standby-00", 7) in world.outages
+    assert world.outages == driver.build_world(s).outages  # same seed, same failures
+
+
+def test_world_falls_back_to_synthetic_arrivals_loudly(tmp_path: Path) -> None:
+    s = Scenario(nodes=4, standby_nodes=0, days=2, data_dir=tmp_path)
+    world = driver.build_world(s)
+    assert world.lp_source.startswith("synthetic (MISSING")
+    assert (
+        world.tide_source
+        == f"Fig. 2 cosine 0.39–0.92 (no {tmp_path / 'cluster_util_helios_earth_may2020_10min.csv'})"
+    )
+    assert world.arrivals
+
+
+def test_iter_policies() -> None:
+    assert list(driver.iter_policies("both")) == [Policy.ROR, Policy.PLAIN]
+    assert list(driver.iter_policies("plain")) == [Policy.PLAIN]
