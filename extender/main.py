@@ -39,6 +39,7 @@ from flexlease.errors import FlexleaseError
 from flexlease.logging import ctx
 from flexlease.store import factory
 from flexlease.store.base import Store
+from flexlease.store.kube_filter import ManagedPods
 from flexlease.store.leader import ElectionConfig, LeaderElector
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,9 @@ async def run(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    store = await factory.open_store(settings.store)
+    # On a real cluster, watch only the pods flexlease must see (GPU requests, flexlease keys).
+    pods = ManagedPods(resource=settings.extender.gpu_resource)
+    store = await factory.open_store(settings.store, pod_filter=pods)
     registry = process_registry()
     clock = SystemClock() if settings.clock_speedup == 1.0 else ScaledClock(settings.clock_speedup)
     elector: LeaderElector | None = None

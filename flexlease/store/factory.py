@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 from flexlease.config import StoreSettings
 from flexlease.errors import StoreError
-from flexlease.store.base import Store
+from flexlease.store.base import JsonObj, Store
 from flexlease.store.memory import MemoryStore
 from flexlease.store.sqlite import SqliteStore
 
 
-async def open_store(settings: StoreSettings) -> Store:
+async def open_store(
+    settings: StoreSettings, *, pod_filter: Callable[[JsonObj], bool] | None = None
+) -> Store:
     """A ready store for ``settings.kind``; the caller owns it and must ``await store.close()``.
 
     * ``memory``: :class:`~flexlease.store.memory.MemoryStore` with its own history bound
@@ -21,7 +24,10 @@ async def open_store(settings: StoreSettings) -> Store:
       with its parent directory when missing), opened now so a bad path fails here;
       ``history_revisions`` log rows, ``sqlite_poll_seconds`` watch polling,
       ``request_timeout_seconds`` as the SQLite busy timeout;
-    * ``kube``: ``flexlease.store.kube.KubeStore.connect(settings)`` (imported only here).
+    * ``kube``: ``flexlease.store.kube.KubeStore.connect(settings, pod_filter=pod_filter)``
+      (imported only here). ``pod_filter`` keeps only the pods the caller cares about
+      (e.g. :class:`flexlease.store.kube_filter.ManagedPods`), since a label selector cannot
+      say "requests GPUs"; the embedded stores hold only flexlease's own objects and ignore it.
 
     Raises ``StoreError`` when the store cannot be opened (cause chained).
     """
@@ -46,6 +52,6 @@ async def open_store(settings: StoreSettings) -> Store:
             store_class = kube.KubeStore
         except (ImportError, AttributeError) as exc:
             raise StoreError(f"store kind 'kube' is unavailable: {exc}") from exc
-        connected: Store = await store_class.connect(settings)
+        connected: Store = await store_class.connect(settings, pod_filter=pod_filter)
         return connected
     raise StoreError(f"unknown store kind {settings.kind!r}")

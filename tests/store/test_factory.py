@@ -11,6 +11,7 @@ from flexlease.config import StoreSettings
 from flexlease.errors import StoreError
 from flexlease.store.base import Kind, Store
 from flexlease.store.factory import open_store
+from flexlease.store.kube_filter import ManagedPods
 from flexlease.store.memory import MemoryStore
 from flexlease.store.sqlite import SqliteStore
 from tests.store.contract import make_pod
@@ -62,8 +63,10 @@ async def test_kube_with_kubeconfig(tmp_path: Path) -> None:
             }
         )
     )
-    store = await open_store(StoreSettings(kind="kube", kubeconfig=kubeconfig))
+    pods = ManagedPods()
+    store = await open_store(StoreSettings(kind="kube", kubeconfig=kubeconfig), pod_filter=pods)
     try:
         assert type(store).__name__ == "KubeStore" and isinstance(store, Store)
+        assert store._pod_filter is pods  # type: ignore[attr-defined]  # the extender's pod scoping
     finally:
         await store.close()
