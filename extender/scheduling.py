@@ -494,7 +494,10 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
         for i in standby_at:
             node = nodes[i]
             assert node is not None
-            out[i] = STANDBY_NOT_NEEDED if general_ok else _check(keys, node)
+            # A standby GPU the lease controller tagged for this owner (a one-for-one
+            # supplement for a lent GPU that failed) is already FETCHSTANDBY's answer.
+            supplemented = high and owner is not None and owner in node.owners
+            out[i] = _check(keys, node) if supplemented or not general_ok else STANDBY_NOT_NEEDED
     return out
 
 

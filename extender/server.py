@@ -185,6 +185,8 @@ async def _error_middleware(
         return await handler(request)
     except _Reject as exc:
         return _reject(request, exc.status, exc.reason, str(exc))
+    except RequestError as exc:  # bad input found past the envelope (e.g. a NodeList entry)
+        return _reject(request, 400, "invalid", str(exc))
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[SETTINGS].extender.max_body_bytes
         return _reject(request, 413, "too_large", f"request body exceeds {limit} bytes")

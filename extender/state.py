@@ -270,11 +270,7 @@ class Inventory:
         try:
             req = podapi.parse_pod(obj, self._resource)
         except PodSpecError as exc:
-            self.stats.bad_objects += 1
-            meta = obj.get("metadata") if isinstance(obj, dict) else None
-            name = meta.get("name") if isinstance(meta, dict) else None
-            log.warning("ignoring pod with malformed flexlease fields: %s", exc, extra=ctx(pod=name))
-            return None
+            return self._upsert_malformed_pod(obj, exc)
         uid = req.uid or req.key
         if req.assignment is None or req.terminated:
             self._release(uid)
@@ -289,6 +285,39 @@ class Inventory:
             low=req.priority is Priority.LOW,
             priority_value=raw_prio if isinstance(raw_prio, int) else 0,
         )
+        return self._hold(holding)
+
+    def _upsert_malformed_pod(self, obj: JsonObj, exc: PodSpecError) -> str | None:
+        """A pod whose flexlease fields are malformed (e.g. ``priority=High``) still holds the
+        GPUs of its ``assigned-gpus``: kept as a high-priority holder, never a victim, so a
+        label typo never frees GPUs that are in use. Without an assignment it is ignored."""
+        self.stats.bad_objects += 1
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        namespace = meta.get("namespace") if isinstance(meta, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        assignment = podapi.salvage_assignment(obj)
+        log.warning(
+            "pod with malformed flexlease fields, ignoring its request but keeping any GPUs it holds: %s",
+            exc,
+            extra=ctx(pod=f"{namespace}/{name}", gpu=assignment.format() if assignment else None),
+        )
+        if assignment is None or not isinstance(uid, str) or not uid:
+            return None
+        holding = _Holding(
+            uid=uid,
+            key=f"{namespace}/{name}",
+            node=assignment.node,
+            indices=assignment.indices,
+            low=False,
+            priority_value=0,
+        )
+        return self._hold(holding)
+
+    def _hold(self, holding: _Holding) -> str:
+        """Record ``holding`` (replacing the pod's previous one) and confirm a matching
+        reservation; returns the pod's uid."""
+        uid = holding.uid
         old = self._holdings.get(uid)
         if old != holding:
             if old is not None:

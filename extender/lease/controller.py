@@ -51,7 +51,14 @@ from extender.lease.ledger import FINISHED, owner_ledger
 from extender.lease.metrics import Gauges, LeaseMetrics
 from extender.lease.mirror import Mirror
 from extender.lease.planner import EventType, LeasePlan, TagChange
-from extender.lease.view import ClusterView, Holder, assemble, format_time, read_holder
+from extender.lease.view import (
+    ClusterView,
+    Holder,
+    assemble,
+    format_time,
+    read_holder,
+    salvaged_holder,
+)
 from extender.lease.workqueue import WorkQueue
 from flexlease.api import keys
 from flexlease.api.resources import (
@@ -238,7 +245,8 @@ class LeaseController:
                 try:
                     cached = (version, read_holder(obj, self._resource), None)
                 except PodSpecError as exc:
-                    cached = (version, None, f"pod {key} skipped: {exc}")
+                    problem = f"pod {key} malformed, kept only as holder of its GPUs: {exc}"
+                    cached = (version, salvaged_holder(obj), problem)
                 self._parsed_pods[key] = cached
             if cached[1] is not None:
                 holders.append(cached[1])

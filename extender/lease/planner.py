@@ -545,6 +545,9 @@ def _reclaim_target(
             p.tag(TagChange(current, owner, leased_at=now))
         if holder.key not in p.preempted:
             p.preempted.append(holder.key)
+        if holder.terminating:  # already going away: wait for it, no second notice or eviction
+            p.in_grace.add(holder.key)
+            return
         deadline = holder.deadline
         if (
             deadline is not None

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flexlease.api import keys
-from flexlease.api.pod import Priority, parse_pod
+from flexlease.api.pod import Priority, parse_pod, salvage_assignment
 from flexlease.api.resources import DeviceKey, GPUNode, Health, Pool
 from flexlease.api.tiers import Tier
 from flexlease.errors import PodSpecError
@@ -37,6 +37,9 @@ class Holder:
     deadline: datetime | None
     resource_version: str
     devices: tuple[DeviceKey, ...]
+    terminating: bool = False
+    """The pod has a ``deletionTimestamp``: it still holds its GPUs until it is gone, but
+    needs no further notice or eviction."""
 
     @property
     def key(self) -> str:
@@ -141,6 +144,28 @@ def read_holder(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) 
         deadline=deadline,
         resource_version=str(meta.get("resourceVersion") or ""),
         devices=request.assignment.devices,
+        terminating=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def salvaged_holder(pod: Any) -> Holder | None:
+    """For a pod :func:`read_holder` rejects (malformed flexlease fields): a holder of its
+    ``assigned-gpus`` when those are readable, conservatively high priority with no owner
+    (never preempted, never the owner's), else None. Never raises."""
+    assignment = salvage_assignment(pod)
+    if assignment is None:
+        return None
+    meta = pod.get("metadata") or {}
+    return Holder(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        owner=None,
+        priority=Priority.HIGH,
+        deadline=None,
+        resource_version=str(meta.get("resourceVersion") or ""),
+        devices=assignment.devices,
+        terminating=bool(meta.get("deletionTimestamp")),
     )
 
 
@@ -156,8 +181,8 @@ def build_view(
             holder = read_holder(pod, resource)
         except PodSpecError as exc:
             name = (pod.get("metadata") or {}).get("name") if isinstance(pod, dict) else None
-            problems.append(f"pod {name!r} skipped: {exc}")
-            continue
+            problems.append(f"pod {name!r} malformed, kept only as holder of its GPUs: {exc}")
+            holder = salvaged_holder(pod)
         if holder is not None:
             holders.append(holder)
     return assemble(nodes, holders, problems=problems)

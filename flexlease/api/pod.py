@@ -151,7 +151,8 @@ def pod_gpu_count(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE
 def is_terminated(pod: dict[str, Any]) -> bool:
     """True when the pod's phase is Succeeded or Failed (it holds no devices any more)."""
     status = pod.get("status") or {}
-    return isinstance(status, dict) and status.get("phase") in _TERMINAL_PHASES
+    phase = status.get("phase") if isinstance(status, dict) else None
+    return isinstance(phase, str) and phase in _TERMINAL_PHASES
 
 
 def default_owner(meta: dict[str, Any], namespace: str) -> str | None:
@@ -178,6 +179,12 @@ def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) ->
     annotations = meta.get("annotations") or {}
     if not isinstance(labels, dict) or not isinstance(annotations, dict):
         raise PodSpecError("pod.metadata.labels and annotations must be objects")
+    if not isinstance(namespace, str):
+        raise PodSpecError("pod.metadata.namespace must be a string")
+    for where, values in (("label", labels), ("annotation", annotations)):
+        for k, v in values.items():
+            if str(k).startswith(keys.PREFIX) and not isinstance(v, str):
+                raise PodSpecError(f"{where} {k}: value must be a string, got {type(v).__name__}")
 
     raw_priority = labels.get(keys.LABEL_PRIORITY, keys.PRIORITY_LOW)
     try:
@@ -206,6 +213,9 @@ def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) ->
 
     spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
     assert isinstance(spec, dict)
+    node_name = spec.get("nodeName")
+    if node_name is not None and not isinstance(node_name, str):
+        raise PodSpecError("pod.spec.nodeName must be a string")
     images = tuple(
         str(c.get("image")) for c in (spec.get("containers") or []) if isinstance(c, dict) and c.get("image")
     )
@@ -221,7 +231,27 @@ def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) ->
         reclaim=raw_reclaim == "true",
         checkpoint=annotations.get(keys.ANN_CHECKPOINT) or None,
         images=images,
-        node_name=spec.get("nodeName") or None,
+        node_name=node_name or None,
         assignment=assignment,
         terminated=is_terminated(pod),
     )
+
+
+def salvage_assignment(pod: Any) -> Assignment | None:
+    """The GPUs a pod holds even when its other flexlease fields are malformed: its
+    ``assigned-gpus`` when well-formed and the pod is not terminated, else None. Never
+    raises. Callers keep such a pod as a holder (conservatively: high priority, never a
+    victim), so a typo in a label never frees GPUs that are in use."""
+    if not isinstance(pod, dict):
+        return None
+    if is_terminated(pod):
+        return None
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    raw = annotations.get(keys.ANN_ASSIGNED_GPUS) if isinstance(annotations, dict) else None
+    if not isinstance(raw, str):
+        return None
+    try:
+        return Assignment.parse(raw)
+    except PodSpecError:
+        return None

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flexlease.api import keys
+from flexlease.errors import RequestError
 
 
 class WireModel(BaseModel):
@@ -45,11 +46,21 @@ class ExtenderArgs(WireModel):
     node_names: list[str] | None = Field(default=None, alias="NodeNames")
 
     def candidate_names(self) -> list[str]:
-        """Candidate node names: ``NodeNames`` or, when not cache-capable, ``Nodes.items[].metadata.name``."""
+        """Candidate node names: ``NodeNames`` or, when not cache-capable,
+        ``Nodes.items[].metadata.name``. Raises :class:`RequestError` on a malformed NodeList."""
         if self.node_names is not None:
             return list(self.node_names)
         items = (self.nodes or {}).get("items") or []
-        return [str(n["metadata"]["name"]) for n in items if isinstance(n, dict) and n.get("metadata")]
+        if not isinstance(items, list):
+            raise RequestError("Nodes.items must be a list")
+        names: list[str] = []
+        for node in items:
+            meta = node.get("metadata") if isinstance(node, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
+            if not isinstance(name, str) or not name:
+                raise RequestError("every Nodes.items[] needs metadata.name")
+            names.append(name)
+        return names
 
 
 class ExtenderFilterResult(WireModel):
@@ -110,12 +121,18 @@ class ExtenderPreemptionArgs(WireModel):
     )
 
     def victims_by_node(self) -> dict[str, MetaVictims]:
-        """The scheduler's proposal as ``{node: MetaVictims}``, whichever form was sent."""
+        """The scheduler's proposal as ``{node: MetaVictims}``, whichever form was sent.
+        Raises :class:`RequestError` when a full victim pod has no ``metadata.uid``."""
         if self.node_name_to_meta_victims is not None:
             return dict(self.node_name_to_meta_victims)
         out: dict[str, MetaVictims] = {}
         for node, victims in (self.node_name_to_victims or {}).items():
-            uids = [MetaPod(uid=str((p.get("metadata") or {}).get("uid", ""))) for p in victims.pods]
+            uids: list[MetaPod] = []
+            for pod in victims.pods:
+                meta = pod.get("metadata")
+                if not isinstance(meta, dict) or not isinstance(meta.get("uid"), str):
+                    raise RequestError(f"NodeNameToVictims[{node}].Pods[] needs metadata.uid")
+                uids.append(MetaPod(uid=meta["uid"]))
             out[node] = MetaVictims(pods=uids, num_pdb_violations=victims.num_pdb_violations)
         return out
 

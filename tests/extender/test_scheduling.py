@@ -202,6 +202,22 @@ def test_standby_only_when_general_candidates_fall_short() -> None:
     assert not scheduling.standby_allowed(pod, [general_free])
 
 
+def test_standby_gpu_tagged_as_the_owners_supplement_is_usable_even_when_general_nodes_fit() -> None:
+    """The lease controller tags a standby GPU for the owner when a lent GPU failed: that is
+    FETCHSTANDBY's answer already, so the owner's reclaim pod may take it (and prefers it)."""
+    general_free = node("g", gpus=4)
+    supplement = node("s", pool=Pool.STANDBY, owners={0: "ml/online"})
+    pod = hp(1, owner="ml/online", reclaim=True)
+    verdicts = scheduling.filter_nodes(pod, [general_free, supplement])
+    assert [v.ok for v in verdicts] == [True, True]
+    assert scheduling.score_node(pod, supplement) > scheduling.score_node(pod, general_free)
+    assert scheduling.choose_devices(pod, supplement) == (0,)
+    other = hp(1, owner="ml/other", reclaim=True)  # another owner's supplement stays closed
+    assert scheduling.filter_nodes(other, [general_free, supplement])[1] == scheduling.STANDBY_NOT_NEEDED
+    lp = request(1, reclaim=True)
+    assert not scheduling.filter_nodes(lp, [general_free, supplement])[1].ok
+
+
 def test_standby_supplement_keeps_type_and_tier() -> None:
     standby = node("s", pool=Pool.STANDBY, model=A100, tiers=Tier.MA)
     pod = hp(1, owner="ml/online", reclaim=True, gpu_type=H20, tier=Tier.HA)
@@ -368,7 +384,10 @@ def test_standby_only_for_reclaim_shortfall(req: GpuRequest, nodes: list[NodeVie
     for n, v in zip(nodes, verdicts, strict=True):
         if n.standby and v.ok:
             assert req.reclaim, "standby only for reclaim pods"
-            assert not general_ok, "standby only when the general candidates fall short"
+            supplemented = req.priority is Priority.HIGH and req.owner is not None and req.owner in n.owners
+            assert not general_ok or supplemented, (
+                "standby only when the general candidates fall short, or for the owner's supplement"
+            )
         if not n.standby:
             assert v == scheduling.check_node(req, n)
 

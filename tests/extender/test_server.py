@@ -379,6 +379,37 @@ async def test_preempt_drops_nodes_where_eviction_cannot_help(start: Any, store:
             400,
             "n",
         ),
+        # wrong JSON types inside otherwise valid bodies (found by review: these were 500s)
+        (
+            "filter",
+            json.dumps(
+                payloads.extender_args(payloads.pod("p", annotations={keys.ANN_GPU_TYPE: ["H20"]}), ["n1"])
+            ).encode(),  # type: ignore[dict-item]
+            400,
+            "must be a string",
+        ),
+        (
+            "prioritize",
+            json.dumps(
+                payloads.extender_args(payloads.pod("p", annotations={keys.ANN_CHECKPOINT: ["c"]}), ["n1"])
+            ).encode(),  # type: ignore[dict-item]
+            400,
+            "must be a string",
+        ),
+        (
+            "filter",
+            json.dumps({"Pod": payloads.pod("p"), "Nodes": {"items": [{"metadata": "n1"}]}}).encode(),
+            400,
+            "metadata.name",
+        ),
+        (
+            "preempt",
+            json.dumps(
+                {"Pod": payloads.pod("p"), "NodeNameToVictims": {"n1": {"Pods": [{"metadata": "x"}]}}}
+            ).encode(),
+            400,
+            "metadata.uid",
+        ),
         ("score", b"{}", 404, "unknown path"),
         ("filter/extra", b"{}", 404, "unknown path"),
         ("filter", b"\xff\xfe", 400, "malformed JSON"),

@@ -178,6 +178,22 @@ def test_malformed_objects_are_logged_and_ignored(caplog: pytest.LogCaptureFixtu
     assert caplog.text.count("ignoring") == 2
 
 
+def test_a_bound_pod_with_a_malformed_label_keeps_its_gpus_across_relists() -> None:
+    """A typo in a label (``priority=High``) must never free GPUs in use: the pod stays a
+    holder, conservatively high priority (never a preemption victim)."""
+    inv = inventory()
+    typo = bound_pod("typo", "n1", 0, 1, uid="u-typo", priority="High")
+    inv.replace_pods([typo])
+    assert holders_of(inv, "n1")[0] == "u-typo" and holders_of(inv, "n1")[1] == "u-typo"
+    view = inv.snapshot().get("n1")
+    assert view is not None and not view.holders["u-typo"].low
+    inv.replace_pods([typo])  # a re-list after 410 Gone
+    assert holders_of(inv, "n1")[0] == "u-typo"
+    assert inv.stats.bad_objects == 2
+    inv.apply_pod_event(WatchEvent(EventType.DELETED, typo))
+    assert holders_of(inv, "n1")[0] is None
+
+
 def test_device_counts_for_gauges() -> None:
     inv = Inventory()
     inv.replace_nodes(

@@ -460,7 +460,7 @@ def test_a_notice_left_from_an_earlier_reclaim_gets_a_fresh_grace_period() -> No
 
 
 def test_a_notice_this_lease_wrote_is_honoured_after_a_restart() -> None:
-    world = lent_world(pods=[pod("lp-a", "n1", [0])], count=1)
+    world = lent_world(pods=[pod("lp-a", "n1", [0])], count=4)
     world.nodes["n1"]["spec"]["devices"] = {"0": {"owner": OWNER}}
     world.step()  # notice written, pod recorded in preemptedPods
     world.now += timedelta(hours=3)  # the controller was down for long
@@ -469,7 +469,7 @@ def test_a_notice_this_lease_wrote_is_honoured_after_a_restart() -> None:
 
 
 def test_accepted_condition_marks_when_work_began() -> None:
-    world = lent_world(pods=[pod("lp-a", "n1", [0])], count=1)
+    world = lent_world(pods=[pod("lp-a", "n1", [0])], count=4)
     world.step()
     world.now += timedelta(seconds=60)
     status = world.step().status
@@ -497,3 +497,14 @@ def test_reclaim_replaces_a_gpu_downgraded_below_its_lend_time_tier() -> None:
     assert world.tag("n1", 1) is None and world.tag("s1", 0) == OWNER
     assert not plan.notices  # the LP pod on the downgraded GPU is left alone
     assert any("downgraded to MA" in n.message for n in plan.notes)
+
+
+def test_a_terminating_lp_pod_is_not_noticed_or_evicted_again() -> None:
+    world = lent_world(pods=[pod("lp-a", "n1", [0])], count=4)
+    world.pods["lp-a"]["metadata"]["deletionTimestamp"] = "2026-03-01T00:00:00Z"
+    plan = world.step()
+    assert not plan.notices and not plan.evictions
+    assert plan.status.preempted_pods == ["lp/lp-a"]
+    world.now += timedelta(seconds=120)
+    plan = world.step()
+    assert not plan.notices and not plan.evictions  # still holding until it is gone

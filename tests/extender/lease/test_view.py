@@ -21,14 +21,15 @@ def test_view_joins_gpunodes_and_the_pods_holding_their_gpus() -> None:
     pods = [
         pod("lp", "n1", [0], deadline="2026-03-01T12:00:45Z"),
         pod("done", "n1", [1], phase="Succeeded"),  # terminated pods hold nothing
-        pod("bad", "n1", [1], priority="urgent"),  # malformed: skipped, named
+        pod("bad", "n1", [1], priority="urgent"),  # malformed: named, kept as a conservative holder
     ]
     view = build_view([parse_gpunode(node)], pods)
     gpu0, gpu1, gpu5 = (view.gpus[DeviceKey("n1", i)] for i in (0, 1, 5))
     assert (gpu0.tier, gpu0.model, gpu0.pool, gpu0.owner) == (Tier.LA, H20, Pool.GENERAL, None)
     assert gpu0.holder is not None and gpu0.holder.priority is Priority.LOW
     assert gpu0.holder.deadline == datetime(2026, 3, 1, 12, 0, 45, tzinfo=UTC)
-    assert (gpu1.health, gpu1.failed, gpu1.free, gpu1.owner) == (Health.UNHEALTHY, True, True, "online/rec")
+    assert (gpu1.health, gpu1.failed, gpu1.free, gpu1.owner) == (Health.UNHEALTHY, True, False, "online/rec")
+    assert gpu1.holder is not None and gpu1.holder.priority is Priority.HIGH and gpu1.holder.owner is None
     assert (gpu5.present, gpu5.failed, gpu5.model) == (False, True, None)
     assert [g.key.index for g in view.tagged("online/rec")] == [1, 5]
     assert len(view.problems) == 1 and "'bad'" in view.problems[0]
@@ -51,7 +52,10 @@ def test_a_malformed_deadline_is_a_pod_problem() -> None:
     bad = pod("lp", "n1", [0])
     bad["metadata"]["annotations"][keys.ANN_PREEMPT_DEADLINE] = "soon"
     view = build_view([parse_gpunode(gpunode("n1", count=1))], [bad])
-    assert view.gpus[DeviceKey("n1", 0)].holder is None and "preempt-deadline" in view.problems[0]
+    # a label or annotation typo never frees GPUs in use: kept as a holder nobody preempts
+    holder = view.gpus[DeviceKey("n1", 0)].holder
+    assert holder is not None and holder.priority is Priority.HIGH and holder.owner is None
+    assert "preempt-deadline" in view.problems[0]
 
 
 def test_times_round_trip_as_rfc3339_utc() -> None:
