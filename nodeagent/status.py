@@ -21,6 +21,8 @@ from datetime import UTC, datetime
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 
+from pydantic import ValidationError
+
 from flexlease.api import keys
 from flexlease.api.resources import AgentInfo, DeviceStatus, GPUNodeSpec, Health, summarize
 from flexlease.api.tiers import Tier
@@ -116,7 +118,14 @@ def with_summary(desired: JsonObj, current: JsonObj) -> JsonObj:
     """``desired`` plus ``summary``: the printer-column counts of
     :func:`flexlease.api.resources.summarize` over these devices and the GPUNode's current
     ``spec`` (tier overrides, ownership tags; refreshed at least every heartbeat)."""
-    spec = GPUNodeSpec.model_validate(current.get("spec") or {})
+    try:
+        spec = GPUNodeSpec.model_validate(current.get("spec") or {})
+    except ValidationError as exc:  # an operator's typo in spec must not stop the agent
+        log.warning(
+            "GPUNode spec is malformed; summary ignores its overrides and tags",
+            extra=logctx(node=(current.get("metadata") or {}).get("name"), error=str(exc)),
+        )
+        spec = GPUNodeSpec()
     devices = {i: DeviceStatus.model_validate(d) for i, d in desired.get("devices", {}).items()}
     return {**desired, "summary": summarize(spec, devices).to_json_obj()}
 

@@ -187,3 +187,19 @@ def test_merge_diff_is_rfc7386() -> None:
     assert merge_diff(cur, want) == {"b": {"c": 5, "d": None}, "e": [1], "f": "new"}
     assert merge_diff(cur, cur) == {}
     assert status_patch({"cache": {"images": []}, "nodeIP": "1"}, {"nodeIP": "2"}) == {"nodeIP": "2"}
+
+
+async def test_a_malformed_spec_does_not_stop_the_reporter(tmp_path: Path, store: Store) -> None:
+    """The embedded stores have no CRD schema: an operator's typo in spec (``tierOverride: ha``)
+    must not stop status reporting; the summary then ignores spec."""
+    spec = {"pool": "general", "devices": {"0": {"tierOverride": "ha", "owner": "a/b"}}}
+    await store.create(
+        Kind.GPUNODE,
+        {"apiVersion": "flexlease.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": NODE}, "spec": spec},
+    )
+    clock = ManualClock(START)
+    ctx = await started(tmp_path, store, clock)
+    assert await StatusReporter().sync(ctx)
+    obj = await store.get(Kind.GPUNODE, NODE)
+    assert obj["spec"] == spec
+    assert obj["status"]["summary"] == {"gpus": 2, "healthy": 2, "ha": 2, "ma": 0, "la": 0, "lent": 0}

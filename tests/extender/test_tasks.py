@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from extender import tasks
+
+
+async def test_a_task_that_dies_is_reported_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    async def boom() -> None:
+        raise RuntimeError("controller crashed")
+
+    with pytest.raises(RuntimeError, match="crashed"):
+        async with tasks.running(boom(), name="lease-controller"):
+            await asyncio.sleep(0.01)
+            assert any(
+                r.levelno == logging.CRITICAL and "lease-controller" in r.getMessage() for r in caplog.records
+            )
+
+
+async def test_a_running_task_is_cancelled_quietly_on_exit(caplog: pytest.LogCaptureFixture) -> None:
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async with tasks.running(forever(), name="watch") as task:
+        await started.wait()
+    assert task.cancelled()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
