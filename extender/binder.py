@@ -164,6 +164,7 @@ class Binder:
             return self._fail(
                 key, node, f"recording assigned GPUs on pod {key} failed: {exc}", cause="store_error"
             )
+        self._inventory.renew(pod_uid)
         return await self._create_binding(req, node=node, assignment=assignment, wrote_at=at)
 
     async def _create_binding(
@@ -181,6 +182,7 @@ class Binder:
             self._inventory.forget(pod_uid)
             await self._remove_annotations(req, expect_at=wrote_at)
             return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
+        self._inventory.renew(pod_uid)
         log.info(
             "bound pod",
             extra=ctx(pod=key, node=node, gpu=",".join(map(str, assignment.indices))),

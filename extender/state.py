@@ -23,7 +23,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -371,6 +371,17 @@ class Inventory:
         self._reservations[uid] = res
         self._dirty.add(node)
         return res
+
+    def renew(self, uid: str) -> bool:
+        """Restart ``uid``'s reservation TTL (the binder calls it as each write of a bind
+        completes, so the TTL counts from the last write, not from the choice: slow writes
+        cannot let the reservation lapse before the watch can confirm it). Returns whether
+        there was one (False: already confirmed or forgotten)."""
+        res = self._reservations.get(uid)
+        if res is None:
+            return False
+        self._reservations[uid] = replace(res, expires=self._clock() + self._ttl)
+        return True
 
     def forget(self, uid: str) -> bool:
         """Drop ``uid``'s reservation (bind failed). Returns whether there was one."""

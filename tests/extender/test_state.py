@@ -157,6 +157,21 @@ def test_unconfirmed_reservation_expires(caplog: pytest.LogCaptureFixture) -> No
     assert "expired" in caplog.text
 
 
+def test_renew_counts_the_ttl_from_the_last_write_of_a_bind() -> None:
+    """Slow annotation and Binding writes must not let a reservation lapse before the watch
+    can confirm it (a lapse would offer the GPU to another pod)."""
+    clock = Clock()
+    inv = inventory(clock)
+    inv.assume(uid="u-a", key="ml/a", node="n1", indices=(0,))
+    clock.now += 25  # the patch took 25 s
+    assert inv.renew("u-a")
+    clock.now += 25  # and the Binding another 25 s: 50 s after the choice, 25 s after the last write
+    assert holders_of(inv, "n1")[0] == "u-a"
+    clock.now += 6
+    assert holders_of(inv, "n1")[0] is None
+    assert not inv.renew("u-a")
+
+
 def test_assume_rejects_unknown_devices_and_nodes() -> None:
     inv = inventory()
     with pytest.raises(Conflict):
