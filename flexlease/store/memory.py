@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +19,7 @@ from flexlease.store.base import (
     Selector,
     WatchEvent,
 )
+from flexlease.store.watching import EmbeddedWatch
 
 DEFAULT_HISTORY_REVISIONS: Final = 10_000
 DEFAULT_BOOKMARK_SECONDS: Final = 1.0
@@ -306,7 +305,7 @@ class MemoryStore:
             yield self._history[i]
 
 
-class _MemoryWatch:
+class _MemoryWatch(EmbeddedWatch):
     """One watch on a :class:`MemoryStore`: an async iterator over :class:`WatchEvent`."""
 
     def __init__(
@@ -318,23 +317,13 @@ class _MemoryWatch:
         namespace: str | None,
         selector: Selector,
     ) -> None:
+        super().__init__(
+            kind, start=start, namespace=namespace, selector=selector, store_closed=store._closed
+        )
         self._store = store
-        self._kind = kind
-        self._last = start  # None until the "from now" snapshot was taken
-        self._namespace = namespace
-        self._selector = selector
-        self._pending: collections.deque[WatchEvent] = collections.deque()
-        self._wakeup = asyncio.Event()
-        self._stopped = False
-        self._refused = store._closed
-        self._skipped = False
-        self._yielded_at = time.monotonic()
 
-    def wake(self) -> None:
-        self._wakeup.set()
-
-    def __aiter__(self) -> _MemoryWatch:
-        return self
+    def _unregister(self) -> None:
+        self._store._watches[self._kind].discard(self)
 
     async def __anext__(self) -> WatchEvent:
         store = self._store
@@ -386,9 +375,3 @@ class _MemoryWatch:
             self._skipped = False
             return semantics.bookmark(self._kind, self._last)
         return None
-
-    async def aclose(self) -> None:
-        """Stop this watch (later ``__anext__`` calls end the iteration)."""
-        self._stopped = True
-        self._store._watches[self._kind].discard(self)
-        self._wakeup.set()

@@ -10,7 +10,6 @@ oldest one a watch may start from). Watches poll ``log``.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -35,6 +34,7 @@ from flexlease.store.base import (
     Selector,
     WatchEvent,
 )
+from flexlease.store.watching import EmbeddedWatch
 
 log = logging.getLogger(__name__)
 
@@ -512,7 +512,7 @@ def _list(conn: sqlite3.Connection, *, kind: Kind, namespace: str | None, select
     return ObjectList(items=items, resource_version=str(revision))
 
 
-class _SqliteWatch:
+class _SqliteWatch(EmbeddedWatch):
     """One watch on a :class:`SqliteStore`: an async iterator over :class:`WatchEvent`."""
 
     def __init__(
@@ -524,23 +524,13 @@ class _SqliteWatch:
         namespace: str | None,
         selector: Selector,
     ) -> None:
+        super().__init__(
+            kind, start=start, namespace=namespace, selector=selector, store_closed=store._closed
+        )
         self._store = store
-        self._kind = kind
-        self._last = start
-        self._namespace = namespace
-        self._selector = selector
-        self._pending: collections.deque[WatchEvent] = collections.deque()
-        self._wakeup = asyncio.Event()
-        self._stopped = False
-        self._refused = store._closed
-        self._skipped = False
-        self._yielded_at = time.monotonic()
 
-    def wake(self) -> None:
-        self._wakeup.set()
-
-    def __aiter__(self) -> _SqliteWatch:
-        return self
+    def _unregister(self) -> None:
+        self._store._watches[self._kind].discard(self)
 
     async def __anext__(self) -> WatchEvent:
         store = self._store
@@ -603,9 +593,3 @@ class _SqliteWatch:
     @property
     def _everything(self) -> bool:
         return not self._selector.labels and not self._selector.fields
-
-    async def aclose(self) -> None:
-        """Stop this watch (later ``__anext__`` calls end the iteration)."""
-        self._stopped = True
-        self._store._watches[self._kind].discard(self)
-        self._wakeup.set()

@@ -1,0 +1,58 @@
+"""What the embedded stores' watches share: the iterator's bookkeeping (pending events, wake-up,
+stop, bookmark timing) and closing. Each store supplies ``__anext__`` (MemoryStore scans its
+in-process history; SqliteStore polls the revision log)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Self
+
+from flexlease.store.base import Kind, Selector, WatchEvent
+
+
+class EmbeddedWatch:
+    """Base of one watch on an embedded store (an async iterator over :class:`WatchEvent`).
+
+    ``last``: the resourceVersion (revision) delivered up to; None until a watch "from now"
+    took its snapshot. ``pending``: events ready to yield. ``skipped``: changes were passed
+    over since the last yield (a BOOKMARK is then due after the store's bookmark interval,
+    counted from ``yielded_at``, monotonic seconds)."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        *,
+        start: int | None,
+        namespace: str | None,
+        selector: Selector,
+        store_closed: bool,
+    ) -> None:
+        self._kind = kind
+        self._last = start
+        self._namespace = namespace
+        self._selector = selector
+        self._pending: collections.deque[WatchEvent] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._stopped = False
+        self._refused = store_closed
+        self._skipped = False
+        self._yielded_at = time.monotonic()
+
+    def wake(self) -> None:
+        """A write happened in this process: look again now."""
+        self._wakeup.set()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def aclose(self) -> None:
+        """Stop this watch (later ``__anext__`` calls end the iteration)."""
+        self._stopped = True
+        self._unregister()
+        self._wakeup.set()
+
+    def _unregister(self) -> None:
+        """Remove this watch from its store's registry of live watches."""
+        raise NotImplementedError
