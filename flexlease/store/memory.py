@@ -155,7 +155,6 @@ class MemoryStore:
             namespace=semantics.namespace_filter(kind, namespace),
             selector=selector,
         )
-        self._watches[kind].add(watch)
         return watch
 
     # -- writes --------------------------------------------------------------------------
@@ -318,12 +317,14 @@ class _MemoryWatch(EmbeddedWatch):
         selector: Selector,
     ) -> None:
         super().__init__(
-            kind, start=start, namespace=namespace, selector=selector, store_closed=store._closed
+            kind,
+            start=start,
+            namespace=namespace,
+            selector=selector,
+            store_closed=store._closed,
+            registry=store._watches[kind],
         )
         self._store = store
-
-    def _unregister(self) -> None:
-        self._store._watches[self._kind].discard(self)
 
     async def __anext__(self) -> WatchEvent:
         store = self._store

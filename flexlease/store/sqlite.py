@@ -259,7 +259,6 @@ class SqliteStore:
             namespace=semantics.namespace_filter(kind, namespace),
             selector=selector,
         )
-        self._watches[kind].add(watch)
         return watch
 
     def _read_log(self, kind: Kind, namespace: str | None, after: int) -> tuple[_Rows, int]:
@@ -525,12 +524,14 @@ class _SqliteWatch(EmbeddedWatch):
         selector: Selector,
     ) -> None:
         super().__init__(
-            kind, start=start, namespace=namespace, selector=selector, store_closed=store._closed
+            kind,
+            start=start,
+            namespace=namespace,
+            selector=selector,
+            store_closed=store._closed,
+            registry=store._watches[kind],
         )
         self._store = store
-
-    def _unregister(self) -> None:
-        self._store._watches[self._kind].discard(self)
 
     async def __anext__(self) -> WatchEvent:
         store = self._store

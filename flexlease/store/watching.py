@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Self
+import weakref
+from typing import Any, Self
 
 from flexlease.store.base import Kind, Selector, WatchEvent
 
@@ -28,7 +29,12 @@ class EmbeddedWatch:
         namespace: str | None,
         selector: Selector,
         store_closed: bool,
+        registry: weakref.WeakSet[Any],
     ) -> None:
+        """``registry``: the store's live watches of ``kind`` (woken on its writes); the
+        watch is in it from now until :meth:`aclose`."""
+        self._registry = registry
+        registry.add(self)
         self._kind = kind
         self._last = start
         self._namespace = namespace
@@ -50,9 +56,5 @@ class EmbeddedWatch:
     async def aclose(self) -> None:
         """Stop this watch (later ``__anext__`` calls end the iteration)."""
         self._stopped = True
-        self._unregister()
+        self._registry.discard(self)
         self._wakeup.set()
-
-    def _unregister(self) -> None:
-        """Remove this watch from its store's registry of live watches."""
-        raise NotImplementedError
