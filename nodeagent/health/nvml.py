@@ -3,10 +3,18 @@
 NVML calls block, so each runs in a worker thread (``asyncio.to_thread``). Health comes from
 an NVML event set (``nvmlEventSetCreate``; ``nvmlDeviceRegisterEvents`` with
 ``nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError |
-nvmlEventTypeSingleBitEccError``; ``nvmlEventSetWait_v2``, whose ``eventData`` is the XID
-number for XID events) and from periodic queries (``nvmlDeviceGetTemperature``,
-``nvmlDeviceGetRetiredPagesPendingStatus``, ``nvmlDeviceGetRemappedRows``). The same event
-mask and the fall-off-the-bus handling are what NVIDIA's k8s-device-plugin uses.
+nvmlEventTypeSingleBitEccError`` masked by what the GPU supports; ``nvmlEventSetWait_v2``,
+whose ``eventData`` is the XID number for XID events) and from periodic queries
+(``nvmlDeviceGetTemperature``, ``nvmlDeviceGetRetiredPagesPendingStatus``,
+``nvmlDeviceGetRemappedRows``). The same event mask and the fall-off-the-bus handling are what
+NVIDIA's k8s-device-plugin uses (``NVIDIA/k8s-device-plugin: internal/rm/health.go``).
+
+``nvmlDeviceRegisterEvents`` fails with ``NVML_ERROR_NOT_SUPPORTED`` when the mask holds any
+type the GPU does not support (NVML API reference, ``nvmlDeviceRegisterEvents``: "if the
+platform does not support this feature or some of requested event types"), and GPUs without
+ECC reporting support no ECC events. So each GPU is registered with
+``HEALTH_EVENTS & nvmlDeviceGetSupportedEventTypes(handle)``, as the device plugin does: a
+GPU without ECC events still gets its XID events.
 
 Error codes (``pynvml.NVMLError.value``): ``NVML_ERROR_GPU_IS_LOST`` marks the GPU lost;
 ``NVML_ERROR_NOT_SUPPORTED`` disables that one call for that GPU (older GPUs lack row
@@ -74,16 +82,25 @@ class NvmlBackend:
         self._lock = threading.Lock()
         """Held across every use of the event set, so ``stop`` never frees it under a waiter."""
         self._unsupported: set[tuple[int, str]] = set()
+        self._registered: dict[int, int] = {}
         self._pending: list[DeviceEvent] = []
         self._initialised = False
         self._driver: str | None = None
 
     @property
     def event_mask(self) -> int:
-        """The NVML event types registered on every GPU."""
+        """The NVML event types the agent wants on every GPU (XID, double- and single-bit
+        ECC); each GPU is registered with the part of it that the GPU supports (see
+        :attr:`registered_masks`)."""
         n = self._nvml
         mask = n.nvmlEventTypeXidCriticalError | n.nvmlEventTypeDoubleBitEccError
         return int(mask | n.nvmlEventTypeSingleBitEccError)
+
+    @property
+    def registered_masks(self) -> dict[int, int]:
+        """GPU index → the event mask registered on it; GPUs with no registered event (none
+        supported, or lost) are absent and rely on periodic queries."""
+        return dict(self._registered)
 
     @property
     def driver_version(self) -> str | None:
@@ -154,10 +171,31 @@ class NvmlBackend:
         )
 
     def _register(self, index: int, handle: Any) -> None:
+        """Register the health events GPU ``index`` supports. A lost GPU gets a pending LOST
+        event; a GPU that supports none of them (or refuses registration with
+        ``NOT_SUPPORTED``) is left to periodic queries."""
         n = self._nvml
         try:
+            supported = self._optional(
+                index,
+                "nvmlDeviceGetSupportedEventTypes",
+                fn=lambda: int(n.nvmlDeviceGetSupportedEventTypes(handle)),
+            )
+            mask = self.event_mask & (supported if supported is not None else 0)
+            if mask == 0:
+                log.warning(
+                    "GPU supports none of the NVML health events; health from periodic queries only",
+                    extra=ctx(gpu=index, supported_events=hex(supported or 0)),
+                )
+                return
+            if mask != self.event_mask:
+                log.info(
+                    "GPU supports only part of the NVML health events",
+                    extra=ctx(gpu=index, event_mask=hex(mask)),
+                )
             with self._lock:
-                n.nvmlDeviceRegisterEvents(handle, self.event_mask, self._event_set)
+                n.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+            self._registered[index] = mask
         except n.NVMLError as exc:
             self._on_error("nvmlDeviceRegisterEvents", _error_name(exc))
             if self._is(exc, "NVML_ERROR_GPU_IS_LOST"):
@@ -321,6 +359,7 @@ class NvmlBackend:
                 log.warning("nvmlShutdown failed", extra=ctx(error=str(exc)))
         self._handles.clear()
         self._by_uuid.clear()
+        self._registered.clear()
 
 
 # ---------------------------------------------------------------------- probe
@@ -333,6 +372,7 @@ async def probe(*, wait_seconds: float = 5.0) -> dict[str, Any]:
     backend = NvmlBackend(on_error=lambda call, err: errors.append(f"{call}: {err}"))
     try:
         devices = await backend.start()
+        masks = backend.registered_masks
         samples = [asdict(await backend.query(d.index)) for d in devices]
         started = time.monotonic()
         events = await backend.wait_events(wait_seconds)
@@ -342,6 +382,7 @@ async def probe(*, wait_seconds: float = 5.0) -> dict[str, Any]:
     return {
         "driverVersion": backend.driver_version,
         "eventMask": hex(backend.event_mask),
+        "registeredEventMasks": {str(i): hex(m) for i, m in masks.items()},
         "devices": [asdict(d) for d in devices],
         "samples": samples,
         "eventWait": {"timeoutSeconds": wait_seconds, "waitedSeconds": round(waited, 3)},

@@ -21,6 +21,12 @@ the simulator. The node file::
 XID, ECC and ``lost`` entries are delivered by :meth:`SimulatedBackend.wait_events` once the
 clock reaches them; ``lost`` also makes :meth:`SimulatedBackend.query` report the GPU lost
 until a ``recovered`` entry. Tests may also :meth:`SimulatedBackend.inject` events at run time.
+
+Real NVML behaviour reproduced: the event types a GPU supports depend on its model
+(``nvmlDeviceGetSupportedEventTypes``; NVML API reference, "Event Handling Methods"). GPUs
+without ECC reporting (GeForce boards; or ``ecc: false`` on a ``gpus`` group or device entry)
+deliver no single- or double-bit ECC events, so a script or an injection of one on such a
+GPU is refused as impossible rather than delivered.
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ class GpuGroup(_Model):
     model: str = "NVIDIA H100 80GB HBM3"
     memory_mib: int = Field(default=81559, alias="memoryMiB", gt=0)
     uuids: list[str] | None = None
+    ecc: bool | None = None
+    """Whether the GPUs report ECC errors (and so ECC events); None: from the model."""
 
     @model_validator(mode="after")
     def _uuid_count(self) -> Self:
@@ -87,6 +95,14 @@ class GpuEntry(_Model):
     uuid: str | None = None
     model: str = "NVIDIA H100 80GB HBM3"
     memory_mib: int = Field(default=81559, alias="memoryMiB", gt=0)
+    ecc: bool | None = None
+    """Whether the GPU reports ECC errors (and so ECC events); None: from the model."""
+
+    def supported_events(self) -> frozenset[EventKind]:
+        """The event kinds this GPU can deliver: XID and LOST always; ECC kinds when it
+        reports ECC (GeForce boards do not)."""
+        ecc = self.ecc if self.ecc is not None else "GeForce" not in self.model
+        return ALL_EVENTS if ecc else NO_ECC_EVENTS
 
 
 class NodeConfig(_Model):
@@ -108,21 +124,29 @@ class NodeConfig(_Model):
         uuids = [d.uuid for d in self.device_infos()]
         if len(set(uuids)) != n:
             raise ValueError("GPU UUIDs must be unique")
+        entries = self.entries()
         for e in self.events:
             if e.gpu >= n:
                 raise ValueError(f"script entry at {e.at}s names GPU {e.gpu}, but the node has {n}")
+            kind = _KIND.get(e.event)
+            if kind is not None and kind not in entries[e.gpu].supported_events():
+                raise ValueError(
+                    f"script entry at {e.at}s: GPU {e.gpu} ({entries[e.gpu].model}) "
+                    f"supports no {e.event.value} events (no ECC reporting)"
+                )
         return self
+
+    def entries(self) -> list[GpuEntry]:
+        """The GPUs as entries, ordered by index (a ``gpus`` group expanded)."""
+        if self.gpus is not None:
+            g = self.gpus
+            ids: list[str | None] = list(g.uuids) if g.uuids else [None] * g.count
+            return [GpuEntry(uuid=u, model=g.model, memory_mib=g.memory_mib, ecc=g.ecc) for u in ids]
+        return list(self.devices or [])
 
     def device_infos(self) -> list[DeviceInfo]:
         """The GPUs, ordered by index. Missing UUIDs are derived from the node name and index
         (stable across runs), in NVML's ``GPU-<uuid>`` form."""
-        entries: list[GpuEntry]
-        if self.gpus is not None:
-            g = self.gpus
-            ids: list[str | None] = list(g.uuids) if g.uuids else [None] * g.count
-            entries = [GpuEntry(uuid=u, model=g.model, memory_mib=g.memory_mib) for u in ids]
-        else:
-            entries = list(self.devices or [])
         return [
             DeviceInfo(
                 index=i,
@@ -132,7 +156,7 @@ class NodeConfig(_Model):
                 pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0",
                 minor_number=i,
             )
-            for i, e in enumerate(entries)
+            for i, e in enumerate(self.entries())
         ]
 
 
@@ -147,6 +171,9 @@ def load_node_config(path: Path) -> NodeConfig:
     data: Any = yaml.safe_load(path.read_text())
     return NodeConfig.model_validate(data if data is not None else {})
 
+
+ALL_EVENTS: frozenset[EventKind] = frozenset(EventKind)
+NO_ECC_EVENTS: frozenset[EventKind] = frozenset({EventKind.XID, EventKind.LOST})
 
 _KIND = {
     ScriptAction.XID: EventKind.XID,
@@ -170,6 +197,7 @@ class SimulatedBackend:
         self._temps: dict[int, int] = {}
         self._injected: list[DeviceEvent] = []
         self._devices = config.device_infos()
+        self._supported = [e.supported_events() for e in config.entries()]
 
     @property
     def driver_version(self) -> str | None:
@@ -182,9 +210,16 @@ class SimulatedBackend:
         self._t0 = self._clock.now()
         return list(self._devices)
 
+    def supported_events(self, index: int) -> frozenset[EventKind]:
+        """The event kinds GPU ``index`` can deliver (no ECC kinds without ECC reporting)."""
+        return self._supported[index]
+
     def inject(self, event: DeviceEvent) -> None:
         """Deliver ``event`` at the next :meth:`wait_events`; a LOST event also marks the GPU
-        lost until :meth:`recover`."""
+        lost until :meth:`recover`. Raises ``ValueError`` for an event kind the GPU cannot
+        deliver (ECC on a GPU without ECC reporting)."""
+        if event.kind not in self._supported[event.index]:
+            raise ValueError(f"GPU {event.index} supports no {event.kind.value} events (no ECC reporting)")
         if event.kind is EventKind.LOST:
             self._lost.add(event.index)
         self._injected.append(event)

@@ -1,7 +1,15 @@
 """The real ``pynvml`` code path of :class:`NvmlBackend`, with NVML's functions patched at the
 ``pynvml`` module attribute level (no GPU here). The fake returns pynvml's own ctypes structs
 (``c_nvmlMemory_t``, ``nvmlPciInfo_t``, ``c_nvmlEventData_t``, device and event-set handles)
-and raises pynvml's own ``NVMLError`` subclasses, as the C library would through pynvml."""
+and raises pynvml's own ``NVMLError`` subclasses, as the C library would through pynvml.
+
+Real NVML behaviours the fake reproduces (NVML API reference, "Event Handling Methods"):
+``nvmlDeviceGetSupportedEventTypes`` answers a per-GPU mask, where GPUs without ECC reporting
+(GeForce boards) lack the single- and double-bit ECC types; ``nvmlDeviceRegisterEvents``
+fails with ``NVML_ERROR_NOT_SUPPORTED`` when the mask holds any type outside it ("if the
+platform does not support this feature or some of requested event types"), which is why
+NVIDIA's k8s-device-plugin (``internal/rm/health.go``) registers ``eventMask &
+supportedEvents``; a lost GPU answers ``NVML_ERROR_GPU_IS_LOST`` to every device call."""
 
 from __future__ import annotations
 
@@ -20,6 +28,15 @@ from nodeagent.health.nvml import NvmlBackend
 
 GIB = 1024**3
 
+_ECC = pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
+_BASE_EVENTS = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypePState | pynvml.nvmlEventTypeClock
+
+
+def supported_events(model: str) -> int:
+    """The event types a GPU model supports: data-center GPUs report ECC errors, GeForce
+    boards have no ECC and so no ECC events."""
+    return _BASE_EVENTS if "GeForce" in model else _BASE_EVENTS | _ECC
+
 
 @dataclass
 class FakeGpu:
@@ -33,9 +50,12 @@ class FakeGpu:
     remapped: tuple[int, int, int, int] = (0, 0, 0, 0)
     temperature: int = 41
     struct: Any = None
+    events_supported: int | None = None
 
     def __post_init__(self) -> None:
         self.struct = pynvml.struct_c_nvmlDevice_t()
+        if self.events_supported is None:
+            self.events_supported = supported_events(self.name)
 
 
 class FakeNvml:
@@ -120,11 +140,21 @@ class FakeNvml:
     def nvmlEventSetFree(self, event_set: Any) -> None:
         self.freed = True
 
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        g = self._gpu(handle)
+        self._check(g, "nvmlDeviceGetSupportedEventTypes")
+        assert g.events_supported is not None
+        return g.events_supported
+
     def nvmlDeviceRegisterEvents(self, handle: Any, mask: int, event_set: Any) -> None:
         g = self._gpu(handle)
         index = self.gpus.index(g)
         if index in self.register_error:
             raise pynvml.NVMLError(self.register_error[index])
+        self._check(g, "nvmlDeviceRegisterEvents")
+        assert g.events_supported is not None
+        if mask & ~g.events_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         self.registered[index] = mask
 
     def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
@@ -207,6 +237,7 @@ async def test_start_enumerates_devices_and_registers_health_events(fake: FakeNv
     mask |= pynvml.nvmlEventTypeSingleBitEccError
     assert backend.event_mask == mask == 0b1011
     assert fake.registered == {0: mask, 1: mask}
+    assert backend.registered_masks == {0: mask, 1: mask}
     assert backend.driver_version == "550.54.15"
     await backend.stop()
     assert fake.freed and fake.shutdown
@@ -372,6 +403,40 @@ async def test_registration_not_supported_keeps_the_gpu_with_queries_only(fake: 
     await backend.stop()
 
 
+async def test_gpu_without_ecc_events_still_registers_xid_events(fake: FakeNvml) -> None:
+    fake.gpus[1] = FakeGpu(uuid="GPU-geforce", name="NVIDIA GeForce RTX 4090", minor=1)
+    errors = Errors()
+    backend = NvmlBackend(on_error=errors)
+    await backend.start()
+    xid = pynvml.nvmlEventTypeXidCriticalError
+    assert fake.registered == {0: backend.event_mask, 1: xid}
+    assert errors.seen == []
+    fake.event(1, xid, 79)
+    events = await backend.wait_events(1.0)
+    assert [(e.index, e.kind, e.xid) for e in events] == [(1, EventKind.XID, 79)]
+    await backend.stop()
+
+
+def test_the_fake_refuses_a_mask_with_an_unsupported_type_as_nvml_does(fake: FakeNvml) -> None:
+    fake.gpus[0] = FakeGpu(uuid="GPU-geforce", name="NVIDIA GeForce RTX 4090")
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    full = pynvml.nvmlEventTypeXidCriticalError | _ECC
+    with pytest.raises(pynvml.NVMLError) as info:
+        pynvml.nvmlDeviceRegisterEvents(handle, full, pynvml.nvmlEventSetCreate())
+    assert info.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+async def test_gpu_supporting_no_health_event_is_left_to_queries(fake: FakeNvml) -> None:
+    fake.gpus[0].events_supported = pynvml.nvmlEventTypePState
+    fake.gpus[1].not_supported.add("nvmlDeviceGetSupportedEventTypes")
+    backend = NvmlBackend()
+    await backend.start()
+    assert fake.registered == {} and backend.registered_masks == {}
+    assert fake.calls.get("nvmlDeviceRegisterEvents", 0) == 0
+    assert (await backend.query(0)).ok
+    await backend.stop()
+
+
 async def test_probe_prints_what_the_backend_sees(fake: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
     fake.event(0, pynvml.nvmlEventTypeXidCriticalError, 48)
     report = await nvml_mod.probe(wait_seconds=0.1)
@@ -379,6 +444,7 @@ async def test_probe_prints_what_the_backend_sees(fake: FakeNvml, capsys: pytest
     assert [d["uuid"] for d in report["devices"]] == [g.uuid for g in fake.gpus]
     assert [e["xid"] for e in report["events"]] == [48]
     assert report["samples"][0]["temperature_c"] == 41
+    assert report["registeredEventMasks"] == {"0": "0xb", "1": "0xb"}
     json.dumps(report)
 
 

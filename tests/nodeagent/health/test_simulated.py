@@ -73,6 +73,17 @@ def test_explicit_devices_and_uuids() -> None:
         ({"gpus": {"count": 2, "uuids": ["GPU-a"]}}, "1 entries for 2 GPUs"),
         ({"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-a"}]}, "unique"),
         ({"gpus": {"count": 1}, "events": [{"at": 1, "gpu": 0, "event": "melt"}]}, "event"),
+        (
+            {
+                "gpus": {"count": 1, "model": "NVIDIA GeForce RTX 4090"},
+                "events": [{"at": 1, "gpu": 0, "event": "dbe"}],
+            },
+            "supports no dbe events",
+        ),
+        (
+            {"devices": [{"uuid": "GPU-a", "ecc": False}], "events": [{"at": 1, "gpu": 0, "event": "sbe"}]},
+            "supports no sbe events",
+        ),
     ],
 )
 def test_bad_node_files_are_rejected_clearly(doc: dict[str, object], message: str) -> None:
@@ -147,3 +158,21 @@ async def test_nvml_init_failure_is_simulated() -> None:
     config = NodeConfig.model_validate({"gpus": {"count": 2}, "nvmlInitFails": True})
     with pytest.raises(NvmlError, match="nvmlInit failed"):
         await SimulatedBackend(config, ManualClock()).start()
+
+
+async def test_a_gpu_without_ecc_delivers_xid_but_refuses_ecc_events() -> None:
+    clock = ManualClock(start=0.0)
+    config = NodeConfig.model_validate(
+        {
+            "devices": [{"uuid": "GPU-h"}, {"uuid": "GPU-g", "model": "NVIDIA GeForce RTX 4090"}],
+            "events": [{"at": 1, "gpu": 1, "event": "xid", "xid": 79}],
+        }
+    )
+    backend = SimulatedBackend(config, clock)
+    await backend.start()
+    assert backend.supported_events(0) == frozenset(EventKind)
+    assert backend.supported_events(1) == {EventKind.XID, EventKind.LOST}
+    with pytest.raises(ValueError, match="supports no dbe events"):
+        backend.inject(DeviceEvent(index=1, kind=EventKind.DOUBLE_BIT_ECC, at=0.0))
+    await clock.advance(1)
+    assert [(e.index, e.xid) for e in await backend.wait_events(0)] == [(1, 79)]
