@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 from pydantic import ValidationError
 
 from flexlease.api import keys
-from flexlease.api.resources import AgentInfo, DeviceStatus, GPUNodeSpec, Health, summarize
+from flexlease.api.resources import AgentInfo, DeviceStatus, GPUNodeSpec, Health, Pool, summarize
 from flexlease.api.tiers import Tier
 from flexlease.errors import Conflict, NotFound, StoreError
 from flexlease.logging import ctx as logctx
@@ -208,7 +208,8 @@ class StatusReporter:
 
 
 async def _get_or_create(store: Store, node: str) -> JsonObj:
-    """The node's ``GPUNode``, created with an empty spec when absent."""
+    """The node's ``GPUNode``, created when absent with ``spec.pool: general`` (the default
+    pool; the lease controller or an operator moves nodes to ``standby``) and no device tags."""
     try:
         return await store.get(Kind.GPUNODE, node)
     except NotFound:
@@ -217,7 +218,7 @@ async def _get_or_create(store: Store, node: str) -> JsonObj:
         "apiVersion": keys.API_VERSION,
         "kind": keys.GPUNODE_KIND,
         "metadata": {"name": node},
-        "spec": {},
+        "spec": {"pool": Pool.GENERAL.value},
     }
     try:
         created = await store.create(Kind.GPUNODE, obj)

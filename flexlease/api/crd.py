@@ -1,6 +1,6 @@
 """CustomResourceDefinitions for ``GPUNode`` and ``GPULease``, derived from the pydantic models.
 
-One source of truth: ``hack/gen_crds.py`` writes ``manifests/crds/*.yaml`` from here and a test
+One source of truth: ``hack/gen_crds.py`` writes ``manifests/base/crds/*.yaml`` from here and a test
 checks the committed files are current. The pydantic JSON schema is turned into a Kubernetes
 *structural* schema (apiextensions.k8s.io/v1): ``$ref`` inlined, ``anyOf [T, null]`` →
 ``T`` + ``nullable: true``, ``dict[str, T]`` → ``additionalProperties``, no titles/defaults.

@@ -22,7 +22,7 @@ from tests.nodeagent.health.kit import START, make_context, make_settings, node_
 ALERTS = Path(__file__).resolve().parents[2] / "manifests" / "alerts"
 RULES = ALERTS / "rules.yaml"
 RULE_TESTS = ALERTS / "rules.test.yaml"
-PROMETHEUS_RULE = ALERTS / "prometheusrule.yaml"
+PROMETHEUS_RULE = ALERTS.parent / "components" / "prometheus-operator" / "prometheusrule.yaml"
 PROMTOOL = "/usr/bin/promtool"
 ALERT_NAMES = {
     "FlexleaseGPUUnhealthy",

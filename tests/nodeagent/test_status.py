@@ -43,7 +43,7 @@ async def test_creates_the_gpunode_and_writes_status(tmp_path: Path, store: Stor
     assert await StatusReporter().sync(ctx)
     obj = await store.get(Kind.GPUNODE, NODE)
     node = parse_gpunode(obj)
-    assert node.spec.devices == {} and obj["spec"] == {}
+    assert node.spec.devices == {} and obj["spec"] == {"pool": "general"}  # POOL column reads general
     assert node.status.node_ip == "10.0.0.7"
     assert node.status.agent is not None and node.status.agent.heartbeat.timestamp() == START
     assert sorted(node.status.devices) == ["0", "1"]

@@ -35,7 +35,7 @@ from flexlease.store.sqlite import SqliteStore
 from tests.extender.lease.builders import gpunode, lease, pdb, pod
 
 OWNER = "online/rec"
-CRDS = Path(__file__).resolve().parents[3] / "manifests" / "crds"
+CRDS = Path(__file__).resolve().parents[3] / "manifests" / "base" / "crds"
 
 
 @pytest.fixture
