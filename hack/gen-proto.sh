@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Regenerate the Python modules for the CRI subset (nodeagent/cri/api.proto) with grpcio-tools:
+# Regenerate the Python modules for the CRI subset (flexlease/cri/api.proto, shared: the node agent and the orchestrator) with grpcio-tools:
 # api_pb2.py (messages), api_pb2.pyi (message types for mypy), api_pb2_grpc.py (service stubs).
 # The output is checked in; run this after editing api.proto. Needs: pip install grpcio-tools ruff.
 # The generated code needs a protobuf runtime at least as new as the protoc in grpcio-tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-out=nodeagent/cri
+out=flexlease/cri
 "$PY" -m grpc_tools.protoc -I . \
   --python_out=. --pyi_out=. --grpc_python_out=. \
   "$out/api.proto"

@@ -22,10 +22,10 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from flexlease.cri import api_pb2
 from flexlease.logging import ctx
 from nodeagent.cache.rate import EwmaRate
 from nodeagent.cache.singleflight import SingleFlight
-from nodeagent.cri import api_pb2
 from nodeagent.cri.client import ImageService
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from flexlease import errors
-from nodeagent.cri import api_pb2
+from flexlease.cri import api_pb2
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from dataclasses import replace
 from typing import Final
 
 from flexlease import errors
-from nodeagent.cri import api_pb2
+from flexlease.cri import api_pb2
 from nodeagent.cri.client import (
     ContainerInfo,
     ContainerState,

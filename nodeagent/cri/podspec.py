@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodeagent.cri import api_pb2
+from flexlease.cri import api_pb2
 from nodeagent.cri.client import (
     LABEL_CONTAINER_NAME,
     LABEL_POD_NAME,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nodeagent.cri import api_pb2
+from flexlease.cri import api_pb2
 from nodeagent.cri.client import ContainerInfo, ContainerState, SandboxInfo, SandboxState
 from nodeagent.hotrestart.model import HotRestartRequest, HotRestartStatus, Strategy
 

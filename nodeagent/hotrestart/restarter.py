@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flexlease import errors
+from flexlease.cri import api_pb2
 from flexlease.logging import ctx
 from nodeagent.cache.images import ImagePuller
-from nodeagent.cri import api_pb2
 from nodeagent.cri.client import ContainerInfo, ContainerState, RuntimeService
 from nodeagent.hotrestart.decide import Restart, replacement_config
 from nodeagent.hotrestart.model import Strategy

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from flexlease import errors
-from nodeagent.cri import api_pb2, podspec
+from flexlease.cri import api_pb2
+from nodeagent.cri import podspec
 from nodeagent.cri.client import GrpcCri
 
 REPO = Path(__file__).resolve().parents[2]

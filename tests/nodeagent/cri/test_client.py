@@ -12,7 +12,8 @@ import grpc
 import pytest
 
 from flexlease import errors
-from nodeagent.cri import api_pb2, api_pb2_grpc, podspec
+from flexlease.cri import api_pb2, api_pb2_grpc
+from nodeagent.cri import podspec
 from nodeagent.cri.client import (
     LABEL_CONTAINER_NAME,
     LABEL_POD_UID,

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from nodeagent.cri import api_pb2
+from flexlease.cri import api_pb2
 from nodeagent.cri.client import ContainerInfo, ContainerState, SandboxInfo, SandboxState
 from nodeagent.hotrestart.decide import (
     ANN_RESTART_COUNT,

@@ -4,7 +4,7 @@
 import grpc
 import warnings
 
-from nodeagent.cri import api_pb2 as nodeagent_dot_cri_dot_api__pb2
+from flexlease.cri import api_pb2 as flexlease_dot_cri_dot_api__pb2
 
 GRPC_GENERATED_VERSION = "1.85.1"
 GRPC_VERSION = grpc.__version__
@@ -20,7 +20,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f"The grpc package installed is at version {GRPC_VERSION},"
-        + " but the generated code in nodeagent/cri/api_pb2_grpc.py depends on"
+        + " but the generated code in flexlease/cri/api_pb2_grpc.py depends on"
         + f" grpcio>={GRPC_GENERATED_VERSION}."
         + f" Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}"
         + f" or downgrade your generated code using grpcio-tools<={GRPC_VERSION}."
@@ -38,80 +38,80 @@ class RuntimeServiceStub:
         """
         self.Version = channel.unary_unary(
             "/runtime.v1.RuntimeService/Version",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.VersionRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.VersionResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.VersionRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.VersionResponse.FromString,
             _registered_method=True,
         )
         self.RunPodSandbox = channel.unary_unary(
             "/runtime.v1.RuntimeService/RunPodSandbox",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.RunPodSandboxRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.RunPodSandboxResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.RunPodSandboxRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.RunPodSandboxResponse.FromString,
             _registered_method=True,
         )
         self.StopPodSandbox = channel.unary_unary(
             "/runtime.v1.RuntimeService/StopPodSandbox",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.StopPodSandboxRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.StopPodSandboxResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.StopPodSandboxRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.StopPodSandboxResponse.FromString,
             _registered_method=True,
         )
         self.RemovePodSandbox = channel.unary_unary(
             "/runtime.v1.RuntimeService/RemovePodSandbox",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.RemovePodSandboxRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.RemovePodSandboxResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.RemovePodSandboxRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.RemovePodSandboxResponse.FromString,
             _registered_method=True,
         )
         self.PodSandboxStatus = channel.unary_unary(
             "/runtime.v1.RuntimeService/PodSandboxStatus",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.PodSandboxStatusRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.PodSandboxStatusResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.PodSandboxStatusRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.PodSandboxStatusResponse.FromString,
             _registered_method=True,
         )
         self.ListPodSandbox = channel.unary_unary(
             "/runtime.v1.RuntimeService/ListPodSandbox",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
             _registered_method=True,
         )
         self.CreateContainer = channel.unary_unary(
             "/runtime.v1.RuntimeService/CreateContainer",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.CreateContainerRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.CreateContainerResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.CreateContainerRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.CreateContainerResponse.FromString,
             _registered_method=True,
         )
         self.StartContainer = channel.unary_unary(
             "/runtime.v1.RuntimeService/StartContainer",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.StartContainerRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.StartContainerResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.StartContainerRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.StartContainerResponse.FromString,
             _registered_method=True,
         )
         self.StopContainer = channel.unary_unary(
             "/runtime.v1.RuntimeService/StopContainer",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.StopContainerRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.StopContainerResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.StopContainerRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.StopContainerResponse.FromString,
             _registered_method=True,
         )
         self.RemoveContainer = channel.unary_unary(
             "/runtime.v1.RuntimeService/RemoveContainer",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.RemoveContainerRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.RemoveContainerResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.RemoveContainerRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.RemoveContainerResponse.FromString,
             _registered_method=True,
         )
         self.ListContainers = channel.unary_unary(
             "/runtime.v1.RuntimeService/ListContainers",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.ListContainersRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.ListContainersResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.ListContainersRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.ListContainersResponse.FromString,
             _registered_method=True,
         )
         self.ContainerStatus = channel.unary_unary(
             "/runtime.v1.RuntimeService/ContainerStatus",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.ContainerStatusRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.ContainerStatusResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.ContainerStatusRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.ContainerStatusResponse.FromString,
             _registered_method=True,
         )
         self.ExecSync = channel.unary_unary(
             "/runtime.v1.RuntimeService/ExecSync",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.ExecSyncRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.ExecSyncResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.ExecSyncRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.ExecSyncResponse.FromString,
             _registered_method=True,
         )
 
@@ -202,68 +202,68 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
         "Version": grpc.unary_unary_rpc_method_handler(
             servicer.Version,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.VersionRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.VersionResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.VersionRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.VersionResponse.SerializeToString,
         ),
         "RunPodSandbox": grpc.unary_unary_rpc_method_handler(
             servicer.RunPodSandbox,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.RunPodSandboxRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.RunPodSandboxResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.RunPodSandboxRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.RunPodSandboxResponse.SerializeToString,
         ),
         "StopPodSandbox": grpc.unary_unary_rpc_method_handler(
             servicer.StopPodSandbox,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.StopPodSandboxRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.StopPodSandboxResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.StopPodSandboxRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.StopPodSandboxResponse.SerializeToString,
         ),
         "RemovePodSandbox": grpc.unary_unary_rpc_method_handler(
             servicer.RemovePodSandbox,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.RemovePodSandboxRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.RemovePodSandboxResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.RemovePodSandboxRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.RemovePodSandboxResponse.SerializeToString,
         ),
         "PodSandboxStatus": grpc.unary_unary_rpc_method_handler(
             servicer.PodSandboxStatus,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.PodSandboxStatusRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.PodSandboxStatusResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.PodSandboxStatusRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.PodSandboxStatusResponse.SerializeToString,
         ),
         "ListPodSandbox": grpc.unary_unary_rpc_method_handler(
             servicer.ListPodSandbox,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.ListPodSandboxRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.ListPodSandboxResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.ListPodSandboxRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.ListPodSandboxResponse.SerializeToString,
         ),
         "CreateContainer": grpc.unary_unary_rpc_method_handler(
             servicer.CreateContainer,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.CreateContainerRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.CreateContainerResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.CreateContainerRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.CreateContainerResponse.SerializeToString,
         ),
         "StartContainer": grpc.unary_unary_rpc_method_handler(
             servicer.StartContainer,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.StartContainerRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.StartContainerResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.StartContainerRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.StartContainerResponse.SerializeToString,
         ),
         "StopContainer": grpc.unary_unary_rpc_method_handler(
             servicer.StopContainer,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.StopContainerRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.StopContainerResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.StopContainerRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.StopContainerResponse.SerializeToString,
         ),
         "RemoveContainer": grpc.unary_unary_rpc_method_handler(
             servicer.RemoveContainer,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.RemoveContainerRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.RemoveContainerResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.RemoveContainerRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.RemoveContainerResponse.SerializeToString,
         ),
         "ListContainers": grpc.unary_unary_rpc_method_handler(
             servicer.ListContainers,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.ListContainersRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.ListContainersResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.ListContainersRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.ListContainersResponse.SerializeToString,
         ),
         "ContainerStatus": grpc.unary_unary_rpc_method_handler(
             servicer.ContainerStatus,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.ContainerStatusRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.ContainerStatusResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.ContainerStatusRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.ContainerStatusResponse.SerializeToString,
         ),
         "ExecSync": grpc.unary_unary_rpc_method_handler(
             servicer.ExecSync,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.ExecSyncRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.ExecSyncResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.ExecSyncRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.ExecSyncResponse.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler("runtime.v1.RuntimeService", rpc_method_handlers)
@@ -292,8 +292,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/Version",
-            nodeagent_dot_cri_dot_api__pb2.VersionRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.VersionResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.VersionRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.VersionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -322,8 +322,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/RunPodSandbox",
-            nodeagent_dot_cri_dot_api__pb2.RunPodSandboxRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.RunPodSandboxResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.RunPodSandboxRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.RunPodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -352,8 +352,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/StopPodSandbox",
-            nodeagent_dot_cri_dot_api__pb2.StopPodSandboxRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.StopPodSandboxResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.StopPodSandboxRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.StopPodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -382,8 +382,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/RemovePodSandbox",
-            nodeagent_dot_cri_dot_api__pb2.RemovePodSandboxRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.RemovePodSandboxResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.RemovePodSandboxRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.RemovePodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -412,8 +412,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/PodSandboxStatus",
-            nodeagent_dot_cri_dot_api__pb2.PodSandboxStatusRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.PodSandboxStatusResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.PodSandboxStatusRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.PodSandboxStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -442,8 +442,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/ListPodSandbox",
-            nodeagent_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -472,8 +472,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/CreateContainer",
-            nodeagent_dot_cri_dot_api__pb2.CreateContainerRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.CreateContainerResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.CreateContainerRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.CreateContainerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -502,8 +502,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/StartContainer",
-            nodeagent_dot_cri_dot_api__pb2.StartContainerRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.StartContainerResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.StartContainerRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.StartContainerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -532,8 +532,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/StopContainer",
-            nodeagent_dot_cri_dot_api__pb2.StopContainerRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.StopContainerResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.StopContainerRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.StopContainerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -562,8 +562,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/RemoveContainer",
-            nodeagent_dot_cri_dot_api__pb2.RemoveContainerRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.RemoveContainerResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.RemoveContainerRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.RemoveContainerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -592,8 +592,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/ListContainers",
-            nodeagent_dot_cri_dot_api__pb2.ListContainersRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.ListContainersResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.ListContainersRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.ListContainersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -622,8 +622,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/ContainerStatus",
-            nodeagent_dot_cri_dot_api__pb2.ContainerStatusRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.ContainerStatusResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.ContainerStatusRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.ContainerStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -652,8 +652,8 @@ class RuntimeService:
             request,
             target,
             "/runtime.v1.RuntimeService/ExecSync",
-            nodeagent_dot_cri_dot_api__pb2.ExecSyncRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.ExecSyncResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.ExecSyncRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.ExecSyncResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -677,32 +677,32 @@ class ImageServiceStub:
         """
         self.ListImages = channel.unary_unary(
             "/runtime.v1.ImageService/ListImages",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.ListImagesRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.ListImagesResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.ListImagesRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.ListImagesResponse.FromString,
             _registered_method=True,
         )
         self.ImageStatus = channel.unary_unary(
             "/runtime.v1.ImageService/ImageStatus",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.ImageStatusRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.ImageStatusResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.ImageStatusRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.ImageStatusResponse.FromString,
             _registered_method=True,
         )
         self.PullImage = channel.unary_unary(
             "/runtime.v1.ImageService/PullImage",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.PullImageRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.PullImageResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.PullImageRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.PullImageResponse.FromString,
             _registered_method=True,
         )
         self.RemoveImage = channel.unary_unary(
             "/runtime.v1.ImageService/RemoveImage",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.RemoveImageRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.RemoveImageResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.RemoveImageRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.RemoveImageResponse.FromString,
             _registered_method=True,
         )
         self.ImageFsInfo = channel.unary_unary(
             "/runtime.v1.ImageService/ImageFsInfo",
-            request_serializer=nodeagent_dot_cri_dot_api__pb2.ImageFsInfoRequest.SerializeToString,
-            response_deserializer=nodeagent_dot_cri_dot_api__pb2.ImageFsInfoResponse.FromString,
+            request_serializer=flexlease_dot_cri_dot_api__pb2.ImageFsInfoRequest.SerializeToString,
+            response_deserializer=flexlease_dot_cri_dot_api__pb2.ImageFsInfoResponse.FromString,
             _registered_method=True,
         )
 
@@ -745,28 +745,28 @@ def add_ImageServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
         "ListImages": grpc.unary_unary_rpc_method_handler(
             servicer.ListImages,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.ListImagesRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.ListImagesResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.ListImagesRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.ListImagesResponse.SerializeToString,
         ),
         "ImageStatus": grpc.unary_unary_rpc_method_handler(
             servicer.ImageStatus,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.ImageStatusRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.ImageStatusResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.ImageStatusRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.ImageStatusResponse.SerializeToString,
         ),
         "PullImage": grpc.unary_unary_rpc_method_handler(
             servicer.PullImage,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.PullImageRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.PullImageResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.PullImageRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.PullImageResponse.SerializeToString,
         ),
         "RemoveImage": grpc.unary_unary_rpc_method_handler(
             servicer.RemoveImage,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.RemoveImageRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.RemoveImageResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.RemoveImageRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.RemoveImageResponse.SerializeToString,
         ),
         "ImageFsInfo": grpc.unary_unary_rpc_method_handler(
             servicer.ImageFsInfo,
-            request_deserializer=nodeagent_dot_cri_dot_api__pb2.ImageFsInfoRequest.FromString,
-            response_serializer=nodeagent_dot_cri_dot_api__pb2.ImageFsInfoResponse.SerializeToString,
+            request_deserializer=flexlease_dot_cri_dot_api__pb2.ImageFsInfoRequest.FromString,
+            response_serializer=flexlease_dot_cri_dot_api__pb2.ImageFsInfoResponse.SerializeToString,
         ),
     }
     generic_handler = grpc.method_handlers_generic_handler("runtime.v1.ImageService", rpc_method_handlers)
@@ -795,8 +795,8 @@ class ImageService:
             request,
             target,
             "/runtime.v1.ImageService/ListImages",
-            nodeagent_dot_cri_dot_api__pb2.ListImagesRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.ListImagesResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.ListImagesRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.ListImagesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -825,8 +825,8 @@ class ImageService:
             request,
             target,
             "/runtime.v1.ImageService/ImageStatus",
-            nodeagent_dot_cri_dot_api__pb2.ImageStatusRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.ImageStatusResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.ImageStatusRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.ImageStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -855,8 +855,8 @@ class ImageService:
             request,
             target,
             "/runtime.v1.ImageService/PullImage",
-            nodeagent_dot_cri_dot_api__pb2.PullImageRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.PullImageResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.PullImageRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.PullImageResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -885,8 +885,8 @@ class ImageService:
             request,
             target,
             "/runtime.v1.ImageService/RemoveImage",
-            nodeagent_dot_cri_dot_api__pb2.RemoveImageRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.RemoveImageResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.RemoveImageRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.RemoveImageResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -915,8 +915,8 @@ class ImageService:
             request,
             target,
             "/runtime.v1.ImageService/ImageFsInfo",
-            nodeagent_dot_cri_dot_api__pb2.ImageFsInfoRequest.SerializeToString,
-            nodeagent_dot_cri_dot_api__pb2.ImageFsInfoResponse.FromString,
+            flexlease_dot_cri_dot_api__pb2.ImageFsInfoRequest.SerializeToString,
+            flexlease_dot_cri_dot_api__pb2.ImageFsInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
