@@ -93,3 +93,23 @@ class RequestError(FlexleaseError):
 
 class PodSpecError(RequestError):
     """A pod carries a malformed flexlease label/annotation or GPU quantity."""
+
+
+class ProfileError(RequestError):
+    """A framework dependency profile (YAML) is malformed: schema, unknown role or command, or a
+    dependency cycle. ``source`` is the file (or ``<string>``), ``line``/``column`` are 1-based
+    (0 when unknown), ``path`` is the offending field (``commands[1].preconditions[0].ready``)."""
+
+    def __init__(self, message: str, *, source: str, line: int = 0, column: int = 0, path: str = "") -> None:
+        where = f"{source}:{line}:{column}" if line else source
+        super().__init__(f"{where}: {path + ': ' if path else ''}{message}")
+        self.source = source
+        self.line = line
+        self.column = column
+        self.path = path
+        self.reason = message
+
+
+class ExecError(BackendError):
+    """A command could not be run in a container (exec transport failed, container gone, timed
+    out). A command that ran and exited non-zero is not an error: it is an exit code."""

@@ -22,6 +22,13 @@ LABEL_PRIORITY: Final = PREFIX + "priority"
 LABEL_OWNER: Final = PREFIX + "owner"
 """Job identity ``<ns>/<job>`` for MATCH(Pod, Owner); default: the pod's controller owner."""
 
+LABEL_ROLE: Final = PREFIX + "role"
+"""The pod's role in its job's framework profile (``coordinator``, ``worker``, ``head``...):
+the orchestrator's readiness snapshot watches by it, and pods whose role the profile marks
+critical are never picked by the lease controller or scale-down (WeFlex §3.4)."""
+LABEL_FRAMEWORK: Final = PREFIX + "framework"
+"""The job's framework profile name (``mpi``, ``pytorch``, ``ray``, ``tensorflow`` or a user's)."""
+
 # Pod annotations
 ANN_RELIABILITY: Final = PREFIX + "reliability"
 """Required minimum tier ``HA``/``MA``/``LA`` (default ``LA``)."""
