@@ -45,10 +45,11 @@ class Kind(enum.StrEnum):
     EVENT = "Event"  # core/v1 (write-mostly; list/watch supported for tests)
     LEASE = "Lease"  # coordination.k8s.io/v1, for leader election
     PDB = "PodDisruptionBudget"  # policy/v1, consulted by evict
+    NODE = "Node"  # core/v1, cluster-scoped; read by /bind to refuse nodes that do not exist
 
     @property
     def namespaced(self) -> bool:
-        return self is not Kind.GPUNODE
+        return self not in (Kind.GPUNODE, Kind.NODE)
 
 
 class EventType(enum.StrEnum):

@@ -111,6 +111,9 @@ RESOURCES: Final[dict[Kind, Resource]] = {
             namespaced=True,
             status_subresource=True,
         ),
+        Resource(
+            kind=Kind.NODE, group="", version="v1", plural="nodes", namespaced=False, status_subresource=True
+        ),
     )
 }
 """Every kind a store serves, by :class:`Kind`."""

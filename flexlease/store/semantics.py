@@ -31,10 +31,11 @@ API_VERSIONS: Final[Mapping[Kind, str]] = {
     Kind.EVENT: "v1",
     Kind.LEASE: "coordination.k8s.io/v1",
     Kind.PDB: "policy/v1",
+    Kind.NODE: "v1",
 }
 """``apiVersion`` of each kind, set on create."""
 
-STATUS_SUBRESOURCE: Final = frozenset({Kind.POD, Kind.GPUNODE, Kind.GPULEASE})
+STATUS_SUBRESOURCE: Final = frozenset({Kind.POD, Kind.GPUNODE, Kind.GPULEASE, Kind.NODE})
 """Kinds whose ``status`` only the ``status`` subresource writes (create drops it)."""
 
 FIRST_REVISION: Final = 1

@@ -141,6 +141,16 @@ API_RESOURCES: tuple[ApiResource, ...] = (
         builtin=True,
     ),
     ApiResource(
+        group="",
+        version="v1",
+        plural="nodes",
+        kind="Node",
+        namespaced=False,
+        subresources=frozenset({"status"}),
+        field_labels=_META_FIELDS,
+        builtin=True,
+    ),
+    ApiResource(
         group="flexlease.io",
         version="v1alpha1",
         plural="gpunodes",

@@ -21,6 +21,7 @@ from flexlease.store.informer import Backoff as InformerBackoff
 from flexlease.store.informer import Informer, object_key
 from flexlease.store.kube import Backoff, KubeStore
 from flexlease.store.kube_filter import ManagedPods
+from tests.extender import payloads
 from tests.store.contract import (
     NS,
     StoreContract,
@@ -555,3 +556,16 @@ async def test_a_silent_watch_is_abandoned_and_reopened(api: FakeApiServer) -> N
             (event,) = await next_events(watch, 1)
         assert event.object["metadata"]["name"] == "a"
         assert 1.2 < time.monotonic() - started < 3.9  # gave up long before the 4 s stall ended
+
+
+async def test_nodes_are_read_from_the_core_api(api: FakeApiServer) -> None:
+    """``/bind`` checks that a node exists (issue #18): a cluster-scoped core/v1 GET."""
+    async with kube_store(api) as store:
+        await store.create(Kind.NODE, payloads.node("cpu-0"))
+        got = await store.get(Kind.NODE, "cpu-0", namespace="ignored")
+        assert got["spec"]["providerID"] == "kind://docker/cluster/cpu-0"
+        with pytest.raises(NotFound):
+            await store.get(Kind.NODE, "ghost")
+    paths = [(r.method, r.path) for r in api.requests]
+    assert ("GET", "/api/v1/nodes/cpu-0") in paths
+    assert ("GET", "/api/v1/nodes/ghost") in paths
