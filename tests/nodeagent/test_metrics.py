@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from pytest_aiohttp import AiohttpClient
 
+import nodeagent
 from flexlease.store.memory import MemoryStore
 from nodeagent.agent import AgentContext
 from nodeagent.health.backend import DeviceEvent, DeviceSample, EventKind
@@ -146,3 +147,25 @@ async def test_readiness_names_are_unique_and_failing_checks_count_as_not_ready(
 def test_registry_is_injected_not_global() -> None:
     registry = CollectorRegistry()
     assert generate_latest(registry) == b""
+
+
+async def test_the_agent_serves_no_mutating_route(aiohttp_client: AiohttpClient) -> None:
+    """Issue #18: the agent's HTTP endpoints stay read-only. Every route of its one HTTP app
+    is GET (aiohttp adds HEAD), a POST/PUT/PATCH/DELETE to any of them is 405, and no module
+    of the agent registers another route or app."""
+    app = create_app(CollectorRegistry(), Readiness())
+    routes = {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None}
+    assert {method for method, _ in routes} <= {"GET", "HEAD"}
+    assert {path for _, path in routes} == {"/metrics", "/healthz", "/readyz"}
+    client: TestClient[web.Request, web.Application] = await aiohttp_client(app)
+    for path in ("/metrics", "/healthz", "/readyz", "/"):
+        for method in ("POST", "PUT", "PATCH", "DELETE"):
+            resp = await client.request(method, path, data=b"{}")
+            assert resp.status in (404, 405), (method, path, resp.status)
+    package = Path(nodeagent.__file__).parent
+    for source in package.rglob("*.py"):
+        text = source.read_text()
+        for call in ("add_post(", "add_put(", "add_patch(", "add_delete(", "add_route(", "add_routes("):
+            assert call not in text, f"{source.relative_to(package)} registers a route with {call}"
+        if source.name != "metrics.py":
+            assert "web.Application(" not in text, f"{source.relative_to(package)} builds an HTTP app"
