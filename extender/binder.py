@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from extender import scheduling
+from extender.admission import BindCheck
 from extender.state import Inventory
 from flexlease.api import keys
 from flexlease.api.pod import Assignment, GpuRequest, parse_pod
@@ -43,7 +44,7 @@ ROLLBACK_DELAY_SECONDS: Final = 0.2
 @dataclass(frozen=True, slots=True)
 class BindOutcome:
     """Result of one bind: ``error`` is empty on success; ``outcome`` is a bounded metrics
-    label (``bound``, ``idempotent``, ``failed``); ``assignment`` is what the pod holds."""
+    label (``bound``, ``idempotent``, ``failed``, ``refused``); ``assignment`` is what the pod holds."""
 
     outcome: str
     error: str = ""
@@ -67,9 +68,13 @@ class Binder:
         self._resource = gpu_resource
         self._locks: dict[str, _PodLock] = {}
 
-    async def bind(self, namespace: str, name: str, *, uid: str, node: str) -> BindOutcome:
+    async def bind(
+        self, namespace: str, name: str, *, uid: str, node: str, check: BindCheck | None = None
+    ) -> BindOutcome:
         """Bind pod ``namespace/name`` (``uid`` as the scheduler saw it; empty = unchecked) to
-        ``node``. Never raises for a failed bind: the error text goes back to the scheduler."""
+        ``node``. ``check`` (:mod:`extender.admission`) may refuse the pod as read from the
+        store (outcome ``refused``). Never raises for a failed bind: the error text goes back
+        to the scheduler."""
         key = f"{namespace}/{name}"
         entry = self._locks.get(key)
         if entry is None:
@@ -77,13 +82,15 @@ class Binder:
         entry.users += 1
         try:
             async with entry.lock:
-                return await self._bind_locked(namespace, name, uid=uid, node=node)
+                return await self._bind_locked(namespace, name, uid=uid, node=node, check=check)
         finally:
             entry.users -= 1
             if entry.users == 0:  # the last bind of this pod drops the lock
                 del self._locks[key]
 
-    async def _bind_locked(self, namespace: str, name: str, *, uid: str, node: str) -> BindOutcome:
+    async def _bind_locked(
+        self, namespace: str, name: str, *, uid: str, node: str, check: BindCheck | None
+    ) -> BindOutcome:
         key = f"{namespace}/{name}"
         try:
             pod = await self._store.get(Kind.POD, name, namespace=namespace)
@@ -101,6 +108,8 @@ class Binder:
                 cause="uid_mismatch",
             )
         pod_uid = req.uid or key
+        if check is not None and (refusal := await check(pod, req, node)) is not None:
+            return BindOutcome("refused", error=refusal.message, cause=refusal.reason)
 
         if req.node_name is not None:
             if req.node_name == node and (

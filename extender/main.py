@@ -3,8 +3,11 @@
 Role: load :class:`flexlease.config.Settings` (``--config FILE`` or ``$FLEXLEASE_CONFIG``,
 environment ``FLEXLEASE_*``), set up logging, open the store
 (:func:`flexlease.store.factory.open_store`), build the app (:func:`extender.server.create_app`)
-and serve it over HTTP, or HTTPS when ``extender.tls_cert_file``/``tls_key_file`` are set
-(kube-scheduler's ``enableHTTPS``), until SIGTERM or SIGINT; then stop accepting, let
+and serve it over HTTPS (``extender.tls_cert_file``/``tls_key_file``, kube-scheduler's
+``enableHTTPS``), with mutual TLS when ``extender.tls_client_ca_file`` is set
+(:mod:`extender.tls`), or over plain HTTP only with ``extender.insecure_http``; with
+``extender.metrics_port``, also a read-only plain-HTTP listener for metrics and probes
+(:mod:`extender.probes`); until SIGTERM or SIGINT; then stop accepting, let
 running requests finish within ``extender.shutdown_timeout_seconds``, run the cleanup
 contexts (watch loops, the lease controller of :mod:`extender.lease.controller`, which runs
 on a clock accelerated by ``clock_speedup``) and close the store.
@@ -29,9 +32,10 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from pydantic import ValidationError
 
 import flexlease.logging
-from extender import tasks
+from extender import tasks, tls
 from extender.lease import controller as lease_controller
 from extender.lease.clock import ScaledClock, SystemClock
+from extender.probes import create_probe_app
 from extender.server import CleanupContext, LeaderCheck, create_app
 from flexlease import config
 from flexlease.config import Settings
@@ -43,18 +47,6 @@ from flexlease.store.kube_filter import ManagedPods
 from flexlease.store.leader import ElectionConfig, LeaderElector
 
 log = logging.getLogger(__name__)
-
-
-def tls_context(settings: Settings) -> ssl.SSLContext | None:
-    """Server TLS context from ``extender.tls_cert_file``/``tls_key_file`` (PEM), or None for
-    plain HTTP. Raises ``OSError``/``ssl.SSLError`` when the files cannot be loaded."""
-    ext = settings.extender
-    if ext.tls_cert_file is None or ext.tls_key_file is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(ext.tls_cert_file, ext.tls_key_file)
-    return context
 
 
 def process_registry() -> CollectorRegistry:
@@ -95,23 +87,35 @@ async def serve(
     """Serve the extender over ``store`` until ``stop`` is set.
 
     ``on_listening`` receives the listening URLs (``http(s)://host:port``; port 0 in the
-    settings picks a free one) once the socket is bound. Does not close ``store``.
+    settings picks a free one) once the socket is bound; with ``extender.metrics_port``, the
+    probe listener's URL comes last. Does not close ``store``. Raises
+    :class:`extender.tls.InsecureListener` without a certificate unless
+    ``extender.insecure_http``, ``OSError``/``ssl.SSLError`` when the PEM files do not load.
     """
-    app = create_app(settings, store, registry=registry, extra_contexts=extra_contexts, leader=leader)
     ext = settings.extender
+    ssl_context = tls.server_context(ext)  # before anything starts: refuse early
+    app = create_app(settings, store, registry=registry, extra_contexts=extra_contexts, leader=leader)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=ext.shutdown_timeout_seconds)
+    probe_runner: web.AppRunner | None = None
     await runner.setup()
     try:
-        site = web.TCPSite(runner, ext.host, ext.port, ssl_context=tls_context(settings))
+        site = web.TCPSite(runner, ext.host, ext.port, ssl_context=ssl_context)
         await site.start()
-        scheme = "https" if ext.tls_cert_file is not None else "http"
+        scheme = "https" if ssl_context is not None else "http"
         urls = [f"{scheme}://{addr[0]}:{addr[1]}" for addr in runner.addresses]
-        log.info("extender listening", extra=ctx(urls=urls))
+        if ext.metrics_port is not None:
+            probe_runner = web.AppRunner(create_probe_app(app), handle_signals=False, access_log=None)
+            await probe_runner.setup()
+            await web.TCPSite(probe_runner, ext.host, ext.metrics_port).start()
+            urls += [f"http://{addr[0]}:{addr[1]}" for addr in probe_runner.addresses]
+        log.info("extender listening", extra=ctx(urls=urls, mutual_tls=ext.tls_client_ca_file is not None))
         if on_listening is not None:
             on_listening(urls)
         await stop.wait()
         log.info("extender stopping")
     finally:
+        if probe_runner is not None:
+            await probe_runner.cleanup()
         await runner.cleanup()
 
 

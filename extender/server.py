@@ -35,6 +35,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import ValidationError
 
 from extender import scheduling, tasks
+from extender.admission import Admission
 from extender.binder import Binder
 from extender.equivalence import FilterCache, PriorityCache
 from extender.metrics import VERBS, ExtenderMetrics
@@ -78,6 +79,7 @@ WATCHES: Final = web.AppKey("watches", dict[Kind, WatchState])
 FILTER_CACHE: Final = web.AppKey("filter_cache", FilterCache)
 PRIORITY_CACHE: Final = web.AppKey("priority_cache", PriorityCache)
 READY_CHECKS: Final = web.AppKey("ready_checks", dict[str, ReadyCheck])
+ADMISSION: Final = web.AppKey("admission", Admission)
 LEADER: Final[web.AppKey[LeaderCheck | None]] = web.AppKey("leader")
 """Named readiness checks; other components (leader election, lease controller) add theirs."""
 
@@ -121,8 +123,10 @@ def create_app(
     inv = inventory or Inventory(
         gpu_resource=ext.gpu_resource, reservation_ttl_seconds=ext.reservation_ttl_seconds
     )
+    registry = registry if registry is not None else CollectorRegistry()
+    admission = Admission(ext, store, inv, registry=registry)
     app = web.Application(
-        middlewares=[_timing_middleware, _error_middleware],
+        middlewares=[admission.middleware(), _timing_middleware, _error_middleware],
         client_max_size=ext.max_body_bytes,
     )
     app[SETTINGS] = settings
@@ -131,7 +135,8 @@ def create_app(
     app[BINDER] = Binder(store, inv, gpu_resource=ext.gpu_resource)
     app[FILTER_CACHE] = FilterCache()
     app[PRIORITY_CACHE] = PriorityCache()
-    app[METRICS] = ExtenderMetrics(registry if registry is not None else CollectorRegistry(), inv)
+    app[METRICS] = ExtenderMetrics(registry, inv)
+    app[ADMISSION] = admission
     app[WATCHES] = {Kind.GPUNODE: WatchState(Kind.GPUNODE), Kind.POD: WatchState(Kind.POD)}
     app[READY_CHECKS] = {"inventory": lambda: inv.ready}
     app[LEADER] = leader
@@ -273,6 +278,8 @@ def _not_ready_error(request: web.Request) -> str | None:
 async def filter_verb(request: web.Request) -> web.Response:
     """``POST /filter``: ExtenderArgs → ExtenderFilterResult (Algorithm 1 per node)."""
     args = _model(wire.ExtenderArgs, await _read_json(request))
+    if request.app[ADMISSION].passes_through(request, "filter", args.pod):  # another scheduler's
+        return _json(_filter_reply(args, args.candidate_names(), {}, {}))
     req = _parse_pod(request, args.pod)
     names = args.candidate_names()
     if req.count == 0:  # not ours: every candidate passes untouched
@@ -332,6 +339,8 @@ def _filter_reply(
 async def prioritize_verb(request: web.Request) -> web.Response:
     """``POST /prioritize``: ExtenderArgs → HostPriorityList, scores 0–10 for every candidate."""
     args = _model(wire.ExtenderArgs, await _read_json(request))
+    if request.app[ADMISSION].passes_through(request, "prioritize", args.pod):  # another scheduler's
+        return _json([{"Host": n, "Score": 0} for n in args.candidate_names()])
     req = _parse_pod(request, args.pod)
     names = args.candidate_names()
     if req.count == 0 or not request.app[INVENTORY].ready:
@@ -355,7 +364,11 @@ async def bind_verb(request: web.Request) -> web.Response:
             error = f"this extender replica is not the leader (leader: {holder or 'none yet'}); retry"
             return _json(wire.ExtenderBindingResult(error=error).to_wire())
     outcome = await request.app[BINDER].bind(
-        args.pod_namespace, args.pod_name, uid=args.pod_uid, node=args.node
+        args.pod_namespace,
+        args.pod_name,
+        uid=args.pod_uid,
+        node=args.node,
+        check=request.app[ADMISSION].bind_check(request),
     )
     request.app[METRICS].count_decisions("bind", {(outcome.outcome, outcome.cause): 1})
     return _json(wire.ExtenderBindingResult(error=outcome.error).to_wire())
@@ -369,6 +382,10 @@ async def preempt_verb(request: web.Request) -> web.Response:
     managed GPUs that the scheduler proposed are passed through.
     """
     args = _model(wire.ExtenderPreemptionArgs, await _read_json(request))
+    if request.app[ADMISSION].passes_through(request, "preempt", args.pod):  # another scheduler's
+        return _json(
+            wire.ExtenderPreemptionResult(node_name_to_meta_victims=args.victims_by_node()).to_wire()
+        )
     req = _parse_pod(request, args.pod)
     proposal = args.victims_by_node()
     if req.count == 0:

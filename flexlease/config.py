@@ -64,7 +64,26 @@ class ExtenderSettings(_Group):
     host: str = "127.0.0.1"
     port: int = Field(default=8888, ge=0, le=65535)
     tls_cert_file: Path | None = None
+    """Server certificate (PEM); with ``tls_key_file``, the extender serves HTTPS
+    (kube-scheduler's ``enableHTTPS``). In the manifests: ``/etc/flexlease/tls/tls.crt``."""
     tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    """CA bundle (PEM) that signs kube-scheduler's client certificate. Set: mutual TLS, a
+    connection without a client certificate signed by it fails the handshake and never reaches
+    a handler. Needs ``tls_cert_file``."""
+    tls_client_names: tuple[str, ...] = ()
+    """Client certificate names (subject CN or a DNS/URI SAN) allowed to call; empty = any
+    certificate the CA signed. Needs ``tls_client_ca_file``."""
+    scheduler_names: tuple[str, ...] = Field(default=(keys.DEFAULT_SCHEDULER_NAME,), min_length=1)
+    """kube-scheduler profiles (``spec.schedulerName``) whose pods flexlease places and binds;
+    ``/bind`` refuses other pods, filter/prioritize/preempt pass them untouched."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Set: a second, plain-HTTP listener on ``host`` serving only ``GET /metrics``,
+    ``/healthz`` and ``/readyz`` (Prometheus and kubelet probes present no client
+    certificate); the verbs stay on ``port`` only. None: all on ``port``."""
+    insecure_http: bool = False
+    """Serve plain HTTP without TLS (local use only: the demo, tests). Without a certificate
+    and with this false, the extender refuses to start."""
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     gpu_resource: str = keys.DEFAULT_GPU_RESOURCE
     reservation_ttl_seconds: float = Field(default=30.0, gt=0)
@@ -75,6 +94,10 @@ class ExtenderSettings(_Group):
     def _tls_pair(self) -> ExtenderSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("extender.tls_cert_file and tls_key_file must be set together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("extender.tls_client_ca_file needs tls_cert_file and tls_key_file")
+        if self.tls_client_names and self.tls_client_ca_file is None:
+            raise ValueError("extender.tls_client_names needs tls_client_ca_file (mutual TLS)")
         return self
 
 

@@ -136,7 +136,7 @@ def pod(
             }
         ],
         "restartPolicy": "Never",
-        "schedulerName": "default-scheduler",
+        "schedulerName": keys.DEFAULT_SCHEDULER_NAME,
         "priority": 1000 if priority == "high" else 0,
         "preemptionPolicy": "PreemptLowerPriority",
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],

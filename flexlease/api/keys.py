@@ -61,6 +61,11 @@ PRIORITY_LOW: Final = "low"
 
 DEFAULT_GPU_RESOURCE: Final = "nvidia.com/gpu"
 
+DEFAULT_SCHEDULER_NAME: Final = "flexlease-scheduler"
+"""``spec.schedulerName`` of pods flexlease places: the kube-scheduler profile that calls the extender."""
+KUBE_DEFAULT_SCHEDULER_NAME: Final = "default-scheduler"
+"""What the API server defaults an unset ``spec.schedulerName`` to (``v1.DefaultSchedulerName``)."""
+
 # k8s.io/kube-scheduler/extender/v1: MaxExtenderPriority / MinExtenderPriority
 MAX_EXTENDER_PRIORITY: Final = 10
 MIN_EXTENDER_PRIORITY: Final = 0

@@ -3,7 +3,8 @@
 The simulator and the extender share one SQLite file (``FLEXLEASE_STORE__KIND=sqlite``,
 ``FLEXLEASE_STORE__SQLITE_PATH``), as the extender and the node agents do on one machine
 (DESIGN §5). The extender listens on 127.0.0.1 on a free port chosen here
-(``FLEXLEASE_EXTENDER__PORT``); it is up once that port accepts connections. Its stdout and
+(``FLEXLEASE_EXTENDER__PORT``) over plain HTTP, explicitly (``FLEXLEASE_EXTENDER__INSECURE_HTTP``:
+loopback only, no TLS); it is up once that port accepts connections. Its stdout and
 stderr go to a log file (level WARNING by default, so the access log stays out of long runs).
 ``FLEXLEASE_CLOCK_SPEEDUP`` is passed through for the lease controller's clock. Only the
 module name crosses the layering boundary: ``flexlease`` never imports ``extender``.
@@ -65,6 +66,7 @@ def extender_env(
             "FLEXLEASE_STORE__SQLITE_POLL_SECONDS": "0.005",
             "FLEXLEASE_EXTENDER__HOST": "127.0.0.1",
             "FLEXLEASE_EXTENDER__PORT": str(port),
+            "FLEXLEASE_EXTENDER__INSECURE_HTTP": "true",  # loopback only: the demo and the simulator
             "FLEXLEASE_LOG_FORMAT": "json",
             "FLEXLEASE_LOG_LEVEL": log_level,
             "FLEXLEASE_CLOCK_SPEEDUP": f"{speedup:g}",

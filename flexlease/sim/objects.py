@@ -109,7 +109,7 @@ def pod(
         annotations[keys.ANN_RECLAIM] = "true"
     high = priority == keys.PRIORITY_HIGH
     spec: dict[str, Any] = {
-        "schedulerName": "default-scheduler",
+        "schedulerName": keys.DEFAULT_SCHEDULER_NAME,
         "priorityClassName": "flexlease-high" if high else "flexlease-low",
         "priority": HIGH_PRIORITY_VALUE if high else LOW_PRIORITY_VALUE,
         "restartPolicy": "Never",

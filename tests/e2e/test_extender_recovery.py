@@ -25,6 +25,7 @@ import aiohttp
 import pytest
 import yaml
 
+from flexlease.api import keys
 from flexlease.api.pod import Assignment, is_terminated, pod_gpu_count
 from flexlease.config import StoreSettings
 from flexlease.store.base import JsonObj, Kind, Store
@@ -191,6 +192,7 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             "FLEXLEASE_LOG_LEVEL": "INFO",
             "FLEXLEASE_EXTENDER__HOST": "127.0.0.1",
             "FLEXLEASE_EXTENDER__PORT": "0",
+            "FLEXLEASE_EXTENDER__INSECURE_HTTP": "true",  # loopback only
             "FLEXLEASE_LEASE__ENABLED": "false",
             "FLEXLEASE_STORE__REQUEST_TIMEOUT_SECONDS": "5",
         }
@@ -242,6 +244,7 @@ async def seed(cluster: Cluster) -> None:
         await cluster.store.patch(Kind.GPUNODE, name, {"status": status}, subresource="status")
     for name, gpus in PODS:
         pod = replicaset_pod(name, namespace=NS, node=None, gpus=gpus)
+        pod["spec"]["schedulerName"] = keys.DEFAULT_SCHEDULER_NAME  # the profile that calls us
         pod["metadata"].pop("managedFields")
         pod.pop("status")
         await cluster.store.create(Kind.POD, pod)

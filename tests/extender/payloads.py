@@ -90,7 +90,7 @@ def pod(
         "serviceAccountName": "default",
         "serviceAccount": "default",
         "securityContext": {},
-        "schedulerName": "default-scheduler",
+        "schedulerName": keys.DEFAULT_SCHEDULER_NAME,
         "tolerations": [
             {
                 "key": "node.kubernetes.io/not-ready",
@@ -217,6 +217,39 @@ def gpunode(
                     {"id": c, "sizeBytes": 1 << 30, "sha256": "0" * 64} for c in checkpoints or []
                 ],
             },
+        },
+    }
+
+
+def node(name: str) -> dict[str, Any]:
+    """A core/v1 Node as the API server returns it (a CPU-only worker, Ready)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+            },
+        },
+        "spec": {"podCIDR": "10.244.3.0/24", "providerID": f"kind://docker/cluster/{name}"},
+        "status": {
+            "capacity": {"cpu": "16", "memory": "65Gi", "pods": "110"},
+            "allocatable": {"cpu": "15800m", "memory": "64Gi", "pods": "110"},
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                }
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.3.7"},
+                {"type": "Hostname", "address": name},
+            ],
         },
     }
 

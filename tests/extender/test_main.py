@@ -72,6 +72,8 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, **kw: Any) -> Non
 
 
 def make_settings(**extender: Any) -> Settings:
+    """Memory store, a free port; plain HTTP (explicitly) unless a certificate is given."""
+    extender.setdefault("insecure_http", "tls_cert_file" not in extender)
     return Settings(store=StoreSettings(kind="memory"), extender=ExtenderSettings(port=0, **extender))
 
 
@@ -167,7 +169,7 @@ async def test_process_serves_sqlite_store_and_stops_on_sigterm(tmp_path: Path) 
             {
                 "log_format": "json",
                 "store": {"kind": "sqlite", "sqlite_path": str(db)},
-                "extender": {"host": "127.0.0.1", "port": 0},
+                "extender": {"host": "127.0.0.1", "port": 0, "insecure_http": True},
             }
         )
     )
@@ -234,6 +236,7 @@ async def test_process_runs_the_lease_controller_on_an_accelerated_clock(tmp_pat
         FLEXLEASE_STORE__KIND="sqlite",
         FLEXLEASE_STORE__SQLITE_PATH=str(db),
         FLEXLEASE_EXTENDER__PORT="0",
+        FLEXLEASE_EXTENDER__INSECURE_HTTP="true",
         FLEXLEASE_CLOCK_SPEEDUP="1000",
     )
     proc = await asyncio.create_subprocess_exec(

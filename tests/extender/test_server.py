@@ -291,6 +291,7 @@ async def test_bind_of_an_unknown_pod_or_uid_mismatch_reports_error(start: Any, 
 async def test_bind_of_a_pod_without_gpus_just_binds(start: Any, store: MemoryStore) -> None:
     await seed_cluster(store)
     client = await start()
+    await store.create(Kind.NODE, payloads.node("n-cpu-only"))  # a Node, no GPUNode
     pod = await add_pod(store, payloads.pod("web", gpus=0))
     assert (await post(client, "bind", payloads.binding_args(pod, "n-cpu-only"))) == {"Error": ""}
     stored = await store.get(Kind.POD, "web", namespace="ml")

@@ -48,3 +48,25 @@ def test_load_reads_the_given_file(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "FLEXLEASE_CONFIG" not in __import__("os").environ
     with pytest.raises(OSError):
         config.load(tmp_path / "missing.yaml")
+
+
+def test_mutual_tls_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #18: the client CA needs a server certificate, the allow-list needs the CA; the
+    lists come from YAML or JSON in the environment."""
+    with pytest.raises(ValidationError, match="tls_client_ca_file needs tls_cert_file"):
+        config.ExtenderSettings(tls_client_ca_file=Path("/ca.crt"))
+    pair = {"tls_cert_file": Path("/t.crt"), "tls_key_file": Path("/t.key")}
+    with pytest.raises(ValidationError, match="tls_client_names needs tls_client_ca_file"):
+        config.ExtenderSettings(**pair, tls_client_names=("flexlease-scheduler",))
+    with pytest.raises(ValidationError):
+        config.ExtenderSettings(scheduler_names=())
+    defaults = config.ExtenderSettings()
+    assert (defaults.insecure_http, defaults.scheduler_names) == (False, ("flexlease-scheduler",))
+    monkeypatch.setenv("FLEXLEASE_EXTENDER__TLS_CERT_FILE", "/t.crt")
+    monkeypatch.setenv("FLEXLEASE_EXTENDER__TLS_KEY_FILE", "/t.key")
+    monkeypatch.setenv("FLEXLEASE_EXTENDER__TLS_CLIENT_CA_FILE", "/ca.crt")
+    monkeypatch.setenv("FLEXLEASE_EXTENDER__TLS_CLIENT_NAMES", '["flexlease-scheduler"]')
+    monkeypatch.setenv("FLEXLEASE_EXTENDER__SCHEDULER_NAMES", '["flexlease-scheduler", "gpu-batch"]')
+    ext = config.Settings().extender
+    assert ext.tls_client_names == ("flexlease-scheduler",)
+    assert ext.scheduler_names == ("flexlease-scheduler", "gpu-batch")

@@ -1,0 +1,233 @@
+"""Mutual TLS between kube-scheduler and the extender (issue #18), over real TLS on loopback:
+the production runner (:func:`extender.main.serve`), certificates made in the test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import pytest
+
+from extender import main as extmain
+from extender import tls
+from flexlease.api import keys
+from flexlease.store.base import Kind
+from flexlease.store.memory import MemoryStore
+from tests.extender import payloads
+from tests.extender.certs import Authority, Issued
+from tests.extender.conftest import add_node, add_pod
+from tests.extender.test_main import make_settings, serving, wait_ready
+
+
+class Pki:
+    """The cluster's CA with the extender's serving certificate and kube-scheduler's client
+    certificate (CN ``flexlease-scheduler``), an intruder's certificate from the same CA, and
+    one from another CA."""
+
+    def __init__(self, directory: Path) -> None:
+        self.ca = Authority(directory, "flexlease-ca")
+        self.server = self.ca.issue(
+            "extender", common_name="flexlease-extender", dns=("localhost",), ips=("127.0.0.1",), server=True
+        )
+        self.scheduler = self.ca.issue("scheduler", common_name="flexlease-scheduler")
+        self.intruder = self.ca.issue("intruder", common_name="some-workload", dns=("attacker.ns.svc",))
+        self.foreign = Authority(directory, "other-ca").issue("foreign", common_name="flexlease-scheduler")
+
+    def settings(self, **extender: Any) -> Any:
+        return make_settings(
+            tls_cert_file=self.server.cert,
+            tls_key_file=self.server.key,
+            tls_client_ca_file=self.ca.ca_file,
+            **extender,
+        )
+
+    def client(self, issued: Issued | None, *, max_tls12: bool = False) -> ssl.SSLContext:
+        """A client context trusting our CA, presenting ``issued`` (None: no certificate)."""
+        context = ssl.create_default_context(cafile=str(self.ca.ca_file))
+        if max_tls12:  # the server checks the client certificate inside the handshake
+            context.maximum_version = ssl.TLSVersion.TLSv1_2
+        if issued is not None:
+            context.load_cert_chain(issued.cert, issued.key)
+        return context
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki(tmp_path)
+
+
+@pytest.fixture
+async def store() -> Any:
+    s = MemoryStore()
+    await add_node(s, payloads.gpunode("n1", gpus=2))
+    yield s
+    await s.close()
+
+
+async def handshake(url: str, context: ssl.SSLContext) -> None:
+    """Open a TLS connection to ``url`` and send one request; raises on a refused handshake."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port, ssl=context)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        answer = await reader.read()
+        if not answer:  # TLS 1.3: the server's alert may end the stream after the handshake
+            raise ConnectionResetError("connection closed without a reply")
+    finally:
+        writer.close()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await writer.wait_closed()
+
+
+async def test_the_schedulers_certificate_is_served_and_drives_the_verbs(
+    pki: Pki, store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    pod = await add_pod(store, payloads.pod("p", gpus=1))
+    scheduler = pki.client(pki.scheduler)
+    async with serving(pki.settings(), store) as url, aiohttp.ClientSession() as session:
+        assert url.startswith("https://127.0.0.1:")
+        await wait_ready(session, url, ssl=scheduler)
+        async with session.post(
+            f"{url}/filter", json=payloads.extender_args(pod, ["n1", "n2"]), ssl=scheduler
+        ) as resp:
+            assert (await resp.json())["NodeNames"] == ["n1"]
+        async with session.post(f"{url}/bind", json=payloads.binding_args(pod, "n1"), ssl=scheduler) as resp:
+            assert await resp.json() == {"Error": ""}
+        # a refusal names the caller by its certificate
+        victim = payloads.pod("victim", gpus=0)
+        victim["spec"]["schedulerName"] = "default-scheduler"
+        other = await add_pod(store, victim)
+        with caplog.at_level(logging.WARNING, logger="extender.admission"):
+            async with session.post(
+                f"{url}/bind", json=payloads.binding_args(other, "n1"), ssl=scheduler
+            ) as resp:
+                error = (await resp.json())["Error"]
+    assert "spec.schedulerName 'default-scheduler'" in error
+    assert (await store.get(Kind.POD, "p", namespace="ml"))["spec"]["nodeName"] == "n1"
+    assert not (await store.get(Kind.POD, "victim", namespace="ml"))["spec"].get("nodeName")
+    [record] = [r for r in caplog.records if r.name == "extender.admission"]
+    assert record.__dict__["caller"].startswith("CN=flexlease-scheduler from 127.0.0.1")
+
+
+@pytest.mark.parametrize("max_tls12", [True, False], ids=["tls1.2", "tls1.3"])
+async def test_no_client_certificate_fails_the_handshake(
+    pki: Pki, store: MemoryStore, max_tls12: bool
+) -> None:
+    pod = await add_pod(store, payloads.pod("p", gpus=1))
+    async with serving(pki.settings(), store) as url, aiohttp.ClientSession() as session:
+        await wait_ready(session, url, ssl=pki.client(pki.scheduler))
+        await handshake(url, pki.client(pki.scheduler, max_tls12=max_tls12))  # the control
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            await handshake(url, pki.client(None, max_tls12=max_tls12))
+        with pytest.raises(aiohttp.ClientError):
+            await session.post(
+                f"{url}/bind",
+                json=payloads.binding_args(pod, "n1"),
+                ssl=pki.client(None, max_tls12=max_tls12),
+            )
+    assert not (await store.get(Kind.POD, "p", namespace="ml"))["spec"].get("nodeName")
+
+
+async def test_a_certificate_from_another_ca_fails_the_handshake(pki: Pki, store: MemoryStore) -> None:
+    pod = await add_pod(store, payloads.pod("p", gpus=1))
+    async with serving(pki.settings(), store) as url, aiohttp.ClientSession() as session:
+        await wait_ready(session, url, ssl=pki.client(pki.scheduler))
+        with pytest.raises((ssl.SSLError, ConnectionError)):  # the server's alert ends the handshake
+            await handshake(url, pki.client(pki.foreign, max_tls12=True))
+        with pytest.raises(aiohttp.ClientError):
+            await session.post(
+                f"{url}/bind", json=payloads.binding_args(pod, "n1"), ssl=pki.client(pki.foreign)
+            )
+    assert not (await store.get(Kind.POD, "p", namespace="ml"))["spec"].get("nodeName")
+
+
+async def test_a_name_outside_the_allow_list_is_refused_before_any_handler(
+    pki: Pki, store: MemoryStore
+) -> None:
+    pod = await add_pod(store, payloads.pod("p", gpus=1))
+    settings = pki.settings(tls_client_names=("flexlease-scheduler",))
+    async with serving(settings, store) as url, aiohttp.ClientSession() as session:
+        await wait_ready(session, url, ssl=pki.client(pki.scheduler))
+        intruder = pki.client(pki.intruder)
+        async with session.post(f"{url}/bind", json=payloads.binding_args(pod, "n1"), ssl=intruder) as resp:
+            assert resp.status == 403
+            error = (await resp.json())["Error"]
+        assert "['some-workload', 'attacker.ns.svc'] are not in extender.tls_client_names" in error
+        async with session.post(
+            f"{url}/filter", json=payloads.extender_args(pod, ["n1"]), ssl=intruder
+        ) as resp:
+            assert resp.status == 403  # no cluster layout for it either
+        async with session.get(f"{url}/metrics", ssl=pki.client(pki.scheduler)) as resp:
+            text = await resp.text()
+        assert 'flexlease_extender_refusals_total{reason="client_name",verb="bind"} 1.0' in text
+        assert 'flexlease_extender_refusals_total{reason="client_name",verb="filter"} 1.0' in text
+    assert not (await store.get(Kind.POD, "p", namespace="ml"))["spec"].get("nodeName")
+
+
+async def test_probes_and_metrics_have_their_own_read_only_listener(pki: Pki, store: MemoryStore) -> None:
+    """kubelet probes and Prometheus present no client certificate: with ``metrics_port`` they
+    get a plain-HTTP listener that serves only GET /metrics, /healthz and /readyz."""
+    pod = await add_pod(store, payloads.pod("p", gpus=1))
+    stop = asyncio.Event()
+    urls: list[str] = []
+    listening = asyncio.Event()
+
+    def on_listening(u: list[str]) -> None:
+        urls.extend(u)
+        listening.set()
+
+    task = asyncio.create_task(
+        extmain.serve(pki.settings(metrics_port=0), store, stop=stop, on_listening=on_listening),
+        name="test-serve",
+    )
+    try:
+        await asyncio.wait_for(listening.wait(), 5)
+        verbs_url, probe_url = urls
+        assert verbs_url.startswith("https://") and probe_url.startswith("http://")
+        async with aiohttp.ClientSession() as session:
+            await wait_ready(session, probe_url)
+            async with session.get(f"{probe_url}/healthz") as resp:
+                assert resp.status == 200
+            async with session.get(f"{probe_url}/metrics") as resp:
+                assert "flexlease_extender_refusals_total" in await resp.text()
+            async with session.post(f"{probe_url}/bind", json=payloads.binding_args(pod, "n1")) as resp:
+                assert resp.status == 404
+            async with session.post(f"{probe_url}/metrics", data=b"") as resp:
+                assert resp.status == 405
+    finally:
+        stop.set()
+        await task
+    assert not (await store.get(Kind.POD, "p", namespace="ml"))["spec"].get("nodeName")
+
+
+async def test_plain_http_only_when_explicitly_configured(
+    store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(insecure_http=False)
+    with pytest.raises(tls.InsecureListener, match=r"extender\.insecure_http: true for local use only"):
+        await extmain.serve(settings, store, stop=asyncio.Event())
+    with caplog.at_level(logging.WARNING, logger="extender.tls"):
+        async with serving(make_settings(insecure_http=True), store) as url:
+            assert url.startswith("http://")
+    assert any("PLAIN HTTP" in r.getMessage() for r in caplog.records)
+
+
+def test_client_names_reads_cn_and_dns_and_uri_sans() -> None:
+    cert = {
+        "subject": ((("organizationName", "flexlease"),), (("commonName", "flexlease-scheduler"),)),
+        "subjectAltName": (
+            ("DNS", "sched.flexlease-system.svc"),
+            ("IP Address", "10.0.0.1"),
+            ("URI", "spiffe://c/s"),
+        ),
+    }
+    assert tls.client_names(cert) == ("flexlease-scheduler", "sched.flexlease-system.svc", "spiffe://c/s")
+    assert tls.client_names(None) == ()
+    assert keys.DEFAULT_SCHEDULER_NAME == "flexlease-scheduler"
