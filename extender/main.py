@@ -34,10 +34,11 @@ from pydantic import ValidationError
 import flexlease.logging
 from extender import tasks, tls
 from extender.lease import controller as lease_controller
-from extender.lease.clock import ScaledClock, SystemClock
 from extender.probes import create_probe_app
 from extender.server import CleanupContext, LeaderCheck, create_app
+from extender.state import Inventory
 from flexlease import config
+from flexlease.clock import ScaledClock, SystemClock
 from flexlease.config import Settings
 from flexlease.errors import FlexleaseError
 from flexlease.logging import ctx
@@ -83,18 +84,22 @@ async def serve(
     extra_contexts: Sequence[CleanupContext] = (),
     on_listening: Callable[[list[str]], None] | None = None,
     leader: LeaderCheck | None = None,
+    inventory: Inventory | None = None,
 ) -> None:
     """Serve the extender over ``store`` until ``stop`` is set.
 
     ``on_listening`` receives the listening URLs (``http(s)://host:port``; port 0 in the
     settings picks a free one) once the socket is bound; with ``extender.metrics_port``, the
-    probe listener's URL comes last. Does not close ``store``. Raises
-    :class:`extender.tls.InsecureListener` without a certificate unless
-    ``extender.insecure_http``, ``OSError``/``ssl.SSLError`` when the PEM files do not load.
+    probe listener's URL comes last. ``inventory``: see :func:`extender.server.create_app`.
+    Does not close ``store``. Raises :class:`extender.tls.InsecureListener` without a
+    certificate unless ``extender.insecure_http``, ``OSError``/``ssl.SSLError`` when the PEM
+    files do not load.
     """
     ext = settings.extender
     ssl_context = tls.server_context(ext)  # before anything starts: refuse early
-    app = create_app(settings, store, registry=registry, extra_contexts=extra_contexts, leader=leader)
+    app = create_app(
+        settings, store, registry=registry, extra_contexts=extra_contexts, leader=leader, inventory=inventory
+    )
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=ext.shutdown_timeout_seconds)
     probe_runner: web.AppRunner | None = None
     await runner.setup()

@@ -21,12 +21,12 @@ from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 
+from flexlease.clock import Clock
 from flexlease.config import Settings
 from flexlease.store.base import Store
 from nodeagent import ledger
 from nodeagent.health.backend import GpuBackend
 from nodeagent.health.board import NodeBoard
-from nodeagent.health.clock import Clock
 from nodeagent.health.keeper import LedgerKeeper
 from nodeagent.health.policy import HealthPolicy
 from nodeagent.health.watch import HealthWatch

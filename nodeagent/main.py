@@ -21,11 +21,11 @@ from pydantic import ValidationError
 
 import flexlease.logging
 from flexlease import config
+from flexlease.clock import Clock, ScaledClock, SystemClock
 from flexlease.config import Settings
 from flexlease.store import factory
 from nodeagent import agent
 from nodeagent.health.backend import GpuBackend
-from nodeagent.health.clock import Clock, ScaledClock, SystemClock
 from nodeagent.health.nvml import NvmlBackend
 from nodeagent.health.simulated import SimulatedBackend, load_node_config
 from nodeagent.metrics import AgentMetrics

@@ -45,7 +45,6 @@ from pydantic import ValidationError
 
 from extender import tasks
 from extender.lease import planner
-from extender.lease.clock import Clock, SystemClock
 from extender.lease.events import ObjectRef, event_object
 from extender.lease.ledger import FINISHED, owner_ledger
 from extender.lease.metrics import Gauges, LeaseMetrics
@@ -69,6 +68,7 @@ from flexlease.api.resources import (
     parse_gpulease,
     parse_gpunode,
 )
+from flexlease.clock import Clock, SystemClock
 from flexlease.config import Settings
 from flexlease.errors import Conflict, NotFound, PodSpecError, TooManyRequests
 from flexlease.logging import ctx
@@ -137,6 +137,12 @@ class LeaseController:
     def ready(self) -> bool:
         """True once GPULeases, GPUNodes and Pods have each been listed."""
         return all(m.listed.is_set() for m in (self._leases, self._nodes, self._pods))
+
+    @property
+    def idle(self) -> bool:
+        """No key ready or being reconciled (a simulation steps time only when this holds
+        and the store's watches have delivered everything)."""
+        return self._queue.idle
 
     async def run(self) -> None:
         """Watch and reconcile until cancelled (named tasks in one TaskGroup)."""
@@ -322,7 +328,7 @@ class LeaseController:
         if lease.status.phase in FINISHED:
             self._blocked.pop(key, None)
             return None
-        now = self._clock.now()
+        now = self._clock.now_utc()
         view = self.view()
         ledger = owner_ledger(self._parsed_leases(), lease.spec.owner, exclude=name)
         plan = planner.plan_lease(lease, view, ledger=ledger, now=now, blocked=self._blocked.get(key))
@@ -402,7 +408,9 @@ class LeaseController:
         )
         self._leases.put(new)
         ref = ObjectRef.lease(namespace, name, _meta(raw).get("uid"))
-        await self._emit(ref, "InvalidSpec", message=message, type=EventType.WARNING, now=self._clock.now())
+        await self._emit(
+            ref, "InvalidSpec", message=message, type=EventType.WARNING, now=self._clock.now_utc()
+        )
 
     # ------------------------------------------------------------------ writes
 
@@ -495,7 +503,7 @@ class LeaseController:
                     "PreemptNotice",
                     message=message,
                     type=EventType.WARNING,
-                    now=self._clock.now(),
+                    now=self._clock.now_utc(),
                 )
                 break
             else:
@@ -530,14 +538,16 @@ class LeaseController:
                         "EvictionBlocked",
                         message=str(exc),
                         type=EventType.WARNING,
-                        now=self._clock.now(),
+                        now=self._clock.now_utc(),
                     )
                 continue
             blocked.pop(pod.key, None)
             self.metrics.evictions.inc()
             log.info("evicted", extra=ctx(pod=pod.key, gpu=gpus))
             message = f"evicted after its grace period: GPUs {gpus} are reclaimed by {lease.spec.owner}"
-            await self._emit(ref, "Preempted", message=message, type=EventType.WARNING, now=self._clock.now())
+            await self._emit(
+                ref, "Preempted", message=message, type=EventType.WARNING, now=self._clock.now_utc()
+            )
         if not blocked:
             self._blocked.pop(key, None)
         return retry
@@ -573,7 +583,7 @@ class LeaseController:
                 "StandbyPool",
                 message=message,
                 type=EventType.NORMAL,
-                now=self._clock.now(),
+                now=self._clock.now_utc(),
             )
         self._update_gauges(self.view() if changes else view)
 

@@ -5,7 +5,7 @@ it and calls :meth:`WorkQueue.done`. A key is queued at most once however often 
 (duplicates collapse), and never handed to two workers at once: a key added while it is being
 reconciled is queued again when that reconcile is done. Failures back off per key
 exponentially (``base * 2**failures`` seconds, capped at ``maximum``) until :meth:`forget`.
-Delays run on the injected :class:`~extender.lease.clock.Clock`.
+Delays run on the injected :class:`flexlease.clock.Clock`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 import collections
 from datetime import datetime, timedelta
 
-from extender.lease.clock import Clock
+from flexlease.clock import Clock
 
 
 class WorkQueue:
@@ -38,6 +38,11 @@ class WorkQueue:
         """Keys ready now (not counting delayed ones or those being reconciled)."""
         return len(self._ready)
 
+    @property
+    def idle(self) -> bool:
+        """No key is ready or being reconciled (delayed keys may still be waiting)."""
+        return not self._ready and not self._active
+
     def add(self, key: str) -> None:
         """Queue ``key`` now (no-op when already queued)."""
         if key in self._active:
@@ -53,7 +58,7 @@ class WorkQueue:
         if seconds <= 0:
             self.add(key)
             return
-        due = self._clock.now() + timedelta(seconds=seconds)
+        due = self._clock.now_utc() + timedelta(seconds=seconds)
         if key not in self._delayed or due < self._delayed[key]:
             self._delayed[key] = due
             self._wake.set()
@@ -87,7 +92,7 @@ class WorkQueue:
             self._wake.clear()
             timeout = None
             if self._delayed:
-                timeout = (min(self._delayed.values()) - self._clock.now()).total_seconds()
+                timeout = (min(self._delayed.values()) - self._clock.now_utc()).total_seconds()
             await self._clock.wait(self._wake, timeout)
 
     def done(self, key: str) -> None:
@@ -98,7 +103,7 @@ class WorkQueue:
             self.add(key)
 
     def _promote(self) -> None:
-        now = self._clock.now()
+        now = self._clock.now_utc()
         for key, due in list(self._delayed.items()):
             if due <= now:
                 del self._delayed[key]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from extender.lease.clock import Clock
+from flexlease.clock import Clock
 from extender.orchestrator import dag as dagmod
 from extender.orchestrator import template
 from extender.orchestrator.dag import Dag
@@ -239,7 +239,7 @@ class _Run:
         """The latest snapshot and what is unmet in it: empty once the preconditions hold,
         non-empty when the ready timeout passed first."""
         clock = self.r._clock
-        deadline = clock.now().timestamp() + self.r._policy.ready_timeout_seconds
+        deadline = clock.now() + self.r._policy.ready_timeout_seconds
         snapshot = self.r._snapshots.latest()
         reported: list[str] | None = None
         while True:
@@ -249,7 +249,7 @@ class _Run:
             if unmet != reported:
                 self._step(cmd.name, "waiting", attempt, message="; ".join(unmet))
                 reported = unmet
-            remaining = deadline - clock.now().timestamp()
+            remaining = deadline - clock.now()
             if remaining <= 0:
                 return snapshot, unmet
             snapshot = await self.r._snapshots.wait_newer(snapshot.version, clock=clock, within=remaining)
@@ -303,7 +303,7 @@ class _Run:
         message: str = "",
     ) -> None:
         step = Step(
-            at=self.r._clock.now(),
+            at=self.r._clock.now_utc(),
             command=command,
             event=event,
             attempt=attempt,

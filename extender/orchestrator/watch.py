@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 
-from extender.lease.clock import Clock
+from flexlease.clock import Clock
 from extender.orchestrator.profile import Role
 from extender.orchestrator.snapshot import PodState, Snapshot, pod_state
 from flexlease.api import keys

@@ -11,10 +11,12 @@ plain leasing on the same inputs and writes ``report.json``, ``ha_share.png`` (F
   :mod:`~flexlease.sim.metrics` (what is measured), :mod:`~flexlease.sim.objects` (Pods,
   GPUNodes, GPULeases as JSON), :mod:`~flexlease.sim.scenario` (parameters);
 * I/O edges: :mod:`~flexlease.sim.extender_client` (the extender HTTP protocol, scheduler
-  side), :mod:`~flexlease.sim.extender_proc` (the extender subprocess),
-  :mod:`~flexlease.sim.driver` (the virtual-clock loop), :mod:`~flexlease.sim.runner` (one
-  store and extender per policy), :mod:`~flexlease.sim.report` (JSON, plots, table).
+  side), :mod:`~flexlease.sim.driver` (the virtual-clock loop, invariants),
+  :mod:`~flexlease.sim.runner` (one store, clock and hosted extender per policy),
+  :mod:`~flexlease.sim.report` (JSON, plots, table); :mod:`~flexlease.sim.extender_proc`
+  starts the extender as a subprocess (used by the demo).
 
-``flexlease`` never imports ``extender``: the simulator reaches it over HTTP and through the
-shared SQLite store only.
+``flexlease`` never imports ``extender``: the runner loads ``extender.simhost`` by name, which
+serves the real extender app on loopback HTTP on the simulation's clock; the simulator
+reaches it over HTTP and through the shared in-memory store only.
 """

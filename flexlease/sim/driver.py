@@ -14,26 +14,27 @@ simulated seconds) it:
    (required hostname affinity) to the GPUs tagged for the job, and schedules them as the
    controller evicts LP pods; without right-of-return it creates pods that take any GPUs;
 4. creates the LP pods arriving in the tick and withdraws those pending past their patience;
-5. waits until the extender has seen every write (:class:`Barrier`), then runs a scheduling
-   round: ``/filter`` → ``/prioritize`` → ``/bind`` for each pending pod (high priority
-   first, then oldest), ``/preempt`` + eviction when a high-priority pod fits nowhere but
-   ``FailedNodes`` says preemption may help;
-6. samples the metrics every simulated hour.
+5. lets the extender settle (its store watches delivered, the lease controller idle), then
+   runs a scheduling round: ``/filter`` → ``/prioritize`` → ``/bind`` for each pending pod
+   (high priority first, then oldest), ``/preempt`` + eviction when a high-priority pod fits
+   nowhere but ``FailedNodes`` says preemption may help;
+6. checks the invariants (:class:`Invariants`) and samples the metrics every simulated hour.
 
-Virtual time stands still while the driver waits for the lease controller, which runs in
-real time inside the extender (its clock sped up by ``FLEXLEASE_CLOCK_SPEEDUP``); every
-wait is bounded and a controller that never answers is reported, not waited for forever.
+One virtual clock (:class:`flexlease.clock.ManualClock`) drives everything: the simulator,
+the hosted extender's lease controller (grace periods, back-offs, resyncs) and its
+inventory. Between ticks time moves from one of the controller's deadlines to the next, and
+the extender settles at each (:class:`ExtenderHost`), so the same seed and arguments give
+the same run, byte for byte.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -42,6 +43,7 @@ from flexlease.api import keys, resources
 from flexlease.api.pod import Assignment
 from flexlease.api.resources import DeviceKey, LeaseAction, LeasePhase, Pool
 from flexlease.api.tiers import Tier
+from flexlease.clock import ManualClock
 from flexlease.errors import FlexleaseError, NotFound, PodSpecError, StoreError, TooManyRequests
 from flexlease.logging import ctx
 from flexlease.sim import failures, metrics, objects, tide, tiering, traces
@@ -56,8 +58,6 @@ JOB_NAME: Final = "trainer"
 JOB_OWNER: Final = f"{JOB_NAMESPACE}/{JOB_NAME}"
 LP_NAMESPACE: Final = "tenants"
 SIM_NAMESPACE: Final = "sim-system"
-BARRIER_POD_NODE: Final = "sim-barrier-pods"
-BARRIER_HEALTH_NODE: Final = "sim-barrier-health"
 EPOCH: Final = datetime(2026, 1, 5, tzinfo=UTC)
 """Simulated t = 0 (a Monday, 00:00 UTC), for timestamps in objects."""
 MAX_CONSECUTIVE_ERRORS: Final = 50
@@ -116,96 +116,68 @@ class RunStats:
     completed_lp_pods: int = 0
     double_allocations: int = 0
     assignment_mismatches: int = 0
-    barrier_waits: int = 0
-    barrier_wall_s: float = 0.0
+    settles: int = 0
     status_patches: int = 0
     controller_timeouts: int = 0
     store_errors: int = 0
     notes: list[str] = field(default_factory=list)
 
 
-class Barrier:
-    """Waits until the extender's inventory reflects every store write made so far.
+class Invariants:
+    """What must hold at every step of a run, with a count of each violation (a run with any
+    non-zero count fails). Keys:
 
-    Two 1-GPU GPUNodes that no workload may use (the driver never proposes them): on
-    ``sim-barrier-pods`` a sentinel pod is created or deleted, on ``sim-barrier-health`` the
-    GPU's health flips. Both flip on every :meth:`sync`, so the filter verdict for a 1-GPU
-    probe on those two nodes matches the expected one only once the extender's Pod and
-    GPUNode watches have delivered the latest flips — and, watches being ordered per kind,
-    everything written before them.
+    * ``job_above_peak``: the online job holds more GPUs than its peak allocation;
+    * ``gpu_held_twice``: one GPU in the ``assigned-gpus`` of two live pods in the store;
+    * ``lp_on_standby``: a low-priority pod holds a GPU of a standby-pool node;
+    * ``unaccounted_scale_ups``: a scale-up whose lent GPUs were not all counted as the same
+      device back, a standby supplement or missing (each counted on its own, from the
+      lease's status and the job's pods);
+    * ``assignment_mismatches``: bind's ``assigned-gpus``/``nodeName`` disagree with the
+      node chosen or the GPUs asked for.
     """
 
-    def __init__(self, store: Store, client: ExtenderClient, *, timeout: float) -> None:
-        self._store = store
-        self._client = client
-        self._timeout = timeout
-        self._sentinel = False
-        self._healthy = True
-        self._probe = objects.pod(
-            "sim-barrier-probe", SIM_NAMESPACE, gpus=1, priority="low", owner="sim-probe"
-        )
-        self._probe["metadata"]["uid"] = "sim-barrier-probe"
-        self.waits = 0
-        self.wall_s = 0.0
+    NAMES: Final = (
+        "job_above_peak",
+        "gpu_held_twice",
+        "lp_on_standby",
+        "unaccounted_scale_ups",
+        "assignment_mismatches",
+    )
 
-    async def setup(self) -> None:
-        """Create the two barrier GPUNodes (healthy, LA) and wait for the extender to see them."""
-        for name in (BARRIER_POD_NODE, BARRIER_HEALTH_NODE):
-            await self._store.create(Kind.GPUNODE, objects.gpunode(name, pool=Pool.GENERAL))
-            await self._patch_health(name, healthy=True)
-        await self._wait_for({BARRIER_POD_NODE, BARRIER_HEALTH_NODE})
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter({name: 0 for name in self.NAMES})
+        self.checks = 0
+        self.first: dict[str, str] = {}
 
-    async def _patch_health(self, name: str, *, healthy: bool) -> None:
-        window = 14 * traces.DAY
-        avail = resources.Availability(
-            window_seconds=window, observed_seconds=window, unavailable_seconds=0.0, ratio=1.0
-        )
-        device = objects.device_status(
-            name, 0, healthy=healthy, tier=Tier.LA, availability=avail, computed_at=EPOCH
-        )
-        status = objects.gpunode_status("127.0.0.1", {"0": device}, spec=resources.GPUNodeSpec())
-        await self._store.patch(Kind.GPUNODE, name, {"status": status}, subresource="status")
+    def violated(self, name: str, detail: str) -> None:
+        """Count one violation of ``name`` (one of :data:`NAMES`); the first detail is kept."""
+        self.counts[name] += 1
+        self.first.setdefault(name, detail)
+        log.warning("invariant violated", extra=ctx(invariant=name, detail=detail))
 
-    async def sync(self) -> None:
-        """Flip both markers and wait (bounded) for the extender to show the new state.
-        Raises :class:`SimulationError` when it does not within the timeout."""
-        started = time.perf_counter()
-        if self._sentinel:
-            await self._store.delete(Kind.POD, "sim-barrier-sentinel", namespace=SIM_NAMESPACE)
-        else:
-            sentinel = objects.pod("sim-barrier-sentinel", SIM_NAMESPACE, gpus=1, priority="low", owner="sim")
-            sentinel["spec"]["nodeName"] = BARRIER_POD_NODE
-            sentinel["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] = f"{BARRIER_POD_NODE}:0"
-            await self._store.create(Kind.POD, sentinel)
-        self._sentinel = not self._sentinel
-        self._healthy = not self._healthy
-        await self._patch_health(BARRIER_HEALTH_NODE, healthy=self._healthy)
-        expected = {
-            n
-            for n, ok in ((BARRIER_POD_NODE, not self._sentinel), (BARRIER_HEALTH_NODE, self._healthy))
-            if ok
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "checks": self.checks,
+            "violations": dict(sorted(self.counts.items())),
+            "total": self.total,
+            "first": dict(sorted(self.first.items())),
         }
-        await self._wait_for(expected)
-        self.waits += 1
-        self.wall_s += time.perf_counter() - started
 
-    async def _wait_for(self, expected: set[str]) -> None:
-        deadline = time.monotonic() + self._timeout
-        delay = 0.001
-        while True:
-            try:
-                result = await self._client.filter(self._probe, [BARRIER_POD_NODE, BARRIER_HEALTH_NODE])
-                if set(result.node_names or []) == expected:
-                    return
-            except ExtenderCallError as exc:
-                if time.monotonic() > deadline:
-                    raise SimulationError(f"barrier: extender failing: {exc}") from exc
-            if time.monotonic() > deadline:
-                raise SimulationError(
-                    f"barrier: the extender did not reflect the store's writes within {self._timeout:g} s"
-                )
-            await asyncio.sleep(delay)
-            delay = min(0.05, delay * 2)
+
+class ExtenderHost:
+    """What the simulation needs from the hosted extender (``extender.simhost``): its URL and
+    a way to wait until it is quiescent. ``settle`` returns once every store change has been
+    delivered to the extender and its lease controller has nothing left to do at this
+    instant."""
+
+    def __init__(self, url: str, settle: Callable[[], Awaitable[object]]) -> None:
+        self.url = url
+        self.settle = settle
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,13 +213,20 @@ class Simulation:
         world: World,
         store: Store,
         client: ExtenderClient,
+        clock: ManualClock,
+        host: ExtenderHost,
     ) -> None:
         self.s = scenario
         self.policy = policy
         self.world = world
         self.store = store
         self.client = client
-        self.barrier = Barrier(store, client, timeout=scenario.barrier_timeout_wall_s)
+        self.clock = clock
+        self.host = host
+        self.origin = clock.now()
+        """Epoch seconds of simulated t = 0."""
+        self.invariants = Invariants()
+        self.reclaim_started: float | None = None
         self.rng = random.Random(f"scheduler:{scenario.seed}")
         self.tiers = tiering.TierPolicy(window=scenario.tier_window, refresh=scenario.tier_refresh)
         self.general = general_nodes(scenario)
@@ -279,7 +258,7 @@ class Simulation:
     # ------------------------------------------------------------------ setup
 
     async def setup(self) -> None:
-        """Create every GPUNode with its status at t = 0, the barrier, and the online job."""
+        """Create every GPUNode with its status at t = 0, and the online job."""
         for node in self.candidates:
             for i in range(self.s.gpus_per_node):
                 key = DeviceKey(node, i)
@@ -291,7 +270,6 @@ class Simulation:
             pool = Pool.STANDBY if node in self.standby else Pool.GENERAL
             await self.store.create(Kind.GPUNODE, objects.gpunode(node, pool=pool))
             await self._patch_node_status(node, 0.0)
-        await self.barrier.setup()
         await self._deploy_online_job()
 
     async def _patch_node_status(self, node: str, t: float) -> None:
@@ -334,7 +312,7 @@ class Simulation:
             n = min(per_node, remaining)
             await self._create_job_pod(n, 0.0, pinned=node, reclaim=False)
             remaining -= n
-        await self.barrier.sync()
+        await self.settle()
         await self._schedule_round(0.0)
         job = self._job_pods()
         if sum(p.gpus for p in job if p.node) != self.s.job_gpus:
@@ -343,6 +321,32 @@ class Simulation:
                 f" of {self.s.job_gpus} GPUs bound"
             )
         self.static_set = tuple(d for p in job for d in p.devices)
+
+    # ------------------------------------------------------------------ time
+
+    async def settle(self) -> None:
+        """Wait until the extender has seen every write and its controller is idle."""
+        await self.host.settle()
+        self.stats.settles += 1
+
+    def now(self) -> float:
+        """Simulated seconds since t = 0 on the shared clock."""
+        return self.clock.now() - self.origin
+
+    async def advance_to(self, t: float) -> None:
+        """Move the shared clock to simulated ``t``, stopping at each of the extender's
+        deadlines on the way (grace periods, back-offs, resyncs): the extender settles at
+        each, and an open reclaim is followed up (evicted pods dropped, reclaim pods pinned
+        and scheduled) before time moves on."""
+        target = self.origin + t
+        while (due := self.clock.next_due()) is not None and due <= target:
+            self.clock.jump(max(due, self.clock.now()))
+            await self.settle()
+            if self.reclaim_name is not None and self.reclaim_started is not None:
+                await self._follow_reclaim(due - self.origin)
+        if target > self.clock.now():
+            self.clock.jump(target)
+        await self.settle()
 
     # ------------------------------------------------------------------ pods
 
@@ -428,7 +432,7 @@ class Simulation:
                 continue
             outcome = await self._schedule_one(pod, t)
             if outcome == "preempted":
-                await self.barrier.sync()
+                await self.settle()
                 outcome = await self._schedule_one(pod, t, may_preempt=False)
             if outcome != "bound" and not pod.high:
                 lp_floor = pod.gpus if lp_floor is None else min(lp_floor, pod.gpus)
@@ -457,7 +461,7 @@ class Simulation:
             scores = await self.client.prioritize(pod.obj, passed)
             by_host = {s.host: s.score for s in scores}
             best = max(by_host.get(n, 0) for n in passed)
-            host = self.rng.choice([n for n in passed if by_host.get(n, 0) == best])
+            host = self.rng.choice(sorted(n for n in passed if by_host.get(n, 0) == best))
             error = await self.client.bind(pod.namespace, pod.name, uid=pod.uid, node=host)
         except ExtenderCallError as exc:
             self._error(f"{pod.namespace}/{pod.name}: {exc}")
@@ -497,8 +501,9 @@ class Simulation:
             or len(assignment.indices) != pod.gpus
         ):
             self.stats.assignment_mismatches += 1
-            self.stats.notes.append(
-                f"bind of {pod.namespace}/{pod.name} to {host}: assigned-gpus={raw!r} nodeName={node!r}"
+            self.invariants.violated(
+                "assignment_mismatches",
+                f"bind of {pod.namespace}/{pod.name} to {host}: assigned-gpus={raw!r} nodeName={node!r}",
             )
         devices = assignment.devices if assignment is not None else ()
         for d in devices:
@@ -532,7 +537,9 @@ class Simulation:
         phase = (obj.get("status") or {}).get("phase")
         if raw and phase not in ("Succeeded", "Failed") and device in Assignment.parse(str(raw)).devices:
             self.stats.double_allocations += 1
-            self.stats.notes.append(f"{device} given to {new.name} while held by {holder.name}")
+            self.invariants.violated(
+                "gpu_held_twice", f"{device} given to {new.name} while held by {holder.name}"
+            )
 
     async def _set_phase(self, pod: SimPod, phase: str) -> None:
         with contextlib.suppress(NotFound):
@@ -693,10 +700,10 @@ class Simulation:
                 devices=devices,
                 grace_period_seconds=self.s.grace_period_seconds,
             )
-            started = time.perf_counter()
+            started = self.now()
             await self.store.create(Kind.GPULEASE, lease)
-            final = await self._await_lease(lease["metadata"]["name"], self.s.lend_timeout_wall_s)
-            cycle.lend_wall_s = time.perf_counter() - started
+            final = await self._await_lease(lease["metadata"]["name"], self.s.lend_timeout)
+            cycle.lend_s = self.now() - started
             cycle.lend_phase = _phase(final)
             status = (final or {}).get("status") or {}
             cycle.lent_tagged = len(status.get("lent") or [])
@@ -704,26 +711,28 @@ class Simulation:
             self.lend_lease = final
             if cycle.lend_phase != LeasePhase.DONE.value:
                 cycle.notes.append(f"Lend ended {cycle.lend_phase}: {status.get('message', '')}")
-        await self.barrier.sync()
+        await self.settle()
 
     async def _await_lease(self, name: str, limit_s: float) -> JsonObj | None:
-        """Poll the lease until Done/Failed or ``timeout`` real seconds; returns the last
-        object seen (None if it vanished). Marks the controller missing on a timeout."""
-        if self.controller_missing:
-            limit_s = min(limit_s, 1.0)
-        deadline = time.monotonic() + limit_s
-        obj: JsonObj | None = None
+        """Settle, then step the clock through the extender's deadlines until the lease is
+        Done/Failed or ``limit_s`` simulated seconds have passed; returns the last object seen
+        (None if it vanished). A lease still Pending after settling: the controller is
+        missing (noted once, never waited for again)."""
+        limit = self.clock.now() + (0.0 if self.controller_missing else limit_s)
         while True:
+            await self.settle()
             try:
                 obj = await self.store.get(Kind.GPULEASE, name, namespace=JOB_NAMESPACE)
             except NotFound:
                 return None
-            if _phase(obj) in (LeasePhase.DONE.value, LeasePhase.FAILED.value):
+            phase = _phase(obj)
+            if phase in (LeasePhase.DONE.value, LeasePhase.FAILED.value):
                 return obj
-            if time.monotonic() > deadline:
+            due = self.clock.next_due()
+            if phase == LeasePhase.PENDING.value or due is None or due > limit:
                 self._controller_timeout(name, obj)
                 return obj
-            await asyncio.sleep(0.01)
+            self.clock.jump(max(due, self.clock.now()))
 
     def _controller_timeout(self, name: str, obj: JsonObj | None) -> None:
         self.stats.controller_timeouts += 1
@@ -742,17 +751,20 @@ class Simulation:
         cycle = self.cycles[-1] if self.cycles and self.cycles[-1].up_at is None else metrics.Cycle(t, 0)
         cycle.up_at = t
         self.reclaim_name = None
+        self.reclaim_started = None
         self.reclaim_status = {}
         if self.policy is Policy.ROR:
             lent = ((self.lend_lease or {}).get("status") or {}).get("lent") or []
             if lent:
                 await self._reclaim(cycle, len(lent), t)
         await self._fill_job(t)
-        await self.barrier.sync()
+        await self.settle()
         await self._schedule_round(t)
         self._account_cycle(cycle)
 
     async def _reclaim(self, cycle: metrics.Cycle, count: int, t: float) -> None:
+        """Write the Reclaim and follow it at once; :meth:`advance_to` follows it up at each
+        of the controller's deadlines until it is Done or Failed."""
         name = f"reclaim-{len(self.cycles):04d}"
         lease = objects.gpulease(
             name,
@@ -761,33 +773,50 @@ class Simulation:
             count=count,
             grace_period_seconds=self.s.grace_period_seconds,
         )
-        started = time.perf_counter()
         await self.store.create(Kind.GPULEASE, lease)
         self.reclaim_name = name
-        limit_s = self.s.reclaim_timeout_wall_s if not self.controller_missing else 1.0
-        deadline = time.monotonic() + limit_s
-        obj: JsonObj | None = None
-        while True:
-            obj = await self.store.get(Kind.GPULEASE, name, namespace=JOB_NAMESPACE)
+        self.reclaim_started = t
+        await self._follow_reclaim(t)
+
+    async def _follow_reclaim(self, t: float) -> None:
+        """Look at the open Reclaim: drop the pods the controller evicted, keep the pinned
+        reclaim pods in line with the job's tags and schedule them; once it is Done/Failed
+        (or the controller is missing), record its outcome on the current cycle."""
+        assert self.reclaim_name is not None and self.reclaim_started is not None
+        cycle = self.cycles[-1] if self.cycles else None
+        await self.settle()
+        evicted = await self.reconcile_pods()
+        if cycle is not None:
+            cycle.lp_pods_evicted += evicted
+        obj = await self._reclaim_lease()
+        phase = _phase(obj)
+        if phase in (LeasePhase.IN_PROGRESS.value, LeasePhase.DONE.value):
+            await self._pin_reclaim_pods(t)
+            await self.settle()
+            await self._schedule_round(t, only_high=True)
+            await self.settle()  # the controller sees the binds (and may finish the lease)
+            obj = await self._reclaim_lease()
             phase = _phase(obj)
-            if phase in (LeasePhase.DONE.value, LeasePhase.FAILED.value):
-                break
-            if time.monotonic() > deadline:
-                self._controller_timeout(name, obj)
-                break
-            if phase == LeasePhase.IN_PROGRESS.value:
-                cycle.lp_pods_evicted += await self.reconcile_pods()
-                await self._pin_reclaim_pods(t)
-                await self.barrier.sync()
-                await self._schedule_round(t, only_high=True)  # virtual time stands still
-            await asyncio.sleep(0.01)
-        cycle.reclaim_wall_s = time.perf_counter() - started
-        cycle.reclaim_phase = phase
-        cycle.lp_pods_evicted += await self.reconcile_pods()
+        if phase == LeasePhase.IN_PROGRESS.value:
+            return
         status = (obj or {}).get("status") or {}
-        if phase != LeasePhase.DONE.value:
-            cycle.notes.append(f"Reclaim ended {phase}: {status.get('message', '')}")
         self.reclaim_status = status
+        if phase == LeasePhase.PENDING.value or phase is None:
+            self._controller_timeout(self.reclaim_name, obj)
+        if cycle is not None:
+            cycle.reclaim_phase = phase
+            cycle.reclaim_s = t - self.reclaim_started
+            self._account_cycle(cycle)
+            if phase != LeasePhase.DONE.value:
+                cycle.notes.append(f"Reclaim ended {phase}: {status.get('message', '')}")
+        self.reclaim_started = None  # closed: the pods bound from here on are accounted
+
+    async def _reclaim_lease(self) -> JsonObj | None:
+        assert self.reclaim_name is not None
+        try:
+            return await self.store.get(Kind.GPULEASE, self.reclaim_name, namespace=JOB_NAMESPACE)
+        except NotFound:
+            return None
 
     async def _owner_tags(self) -> dict[str, list[int]]:
         """Devices tagged for the job that its pods do not hold, by node."""
@@ -826,10 +855,13 @@ class Simulation:
 
     def _account_cycle(self, cycle: metrics.Cycle) -> None:
         """Count, for the cycle, the released GPUs the job holds again and, with
-        right-of-return, the lent GPUs held again, supplemented (the job holds the standby
-        replacement named in the Reclaim status) or missing."""
+        right-of-return, each lent GPU as exactly one of: held again (same device),
+        supplemented (the job holds the standby replacement named in the Reclaim status) or
+        missing. The three are counted one by one; a sum that is not the lent count is an
+        :class:`Invariants` violation."""
         held = set(self._job_devices())
         cycle.same_devices_back = sum(1 for d in self.released if d in held)
+        cycle.accounted = True
         if self.policy is not Policy.ROR:
             return
         status = self.reclaim_status
@@ -845,7 +877,7 @@ class Simulation:
         }
         cycle.reclaimed_same = sum(1 for d in lent if d in held)
         cycle.supplemented = sum(1 for d in lent if d not in held and supplements.get(d) in held)
-        cycle.missing = len(lent) - cycle.reclaimed_same - cycle.supplemented
+        cycle.missing = sum(1 for d in lent if d not in held and supplements.get(d) not in held)
 
     def check_restored(self, t: float) -> None:
         """Mark the current cycle restored once the job holds its full size again, and
@@ -887,27 +919,76 @@ class Simulation:
 
     # ------------------------------------------------------------------ main loop
 
+    async def check_invariants(self, t: float) -> None:
+        """Check every :class:`Invariants` item against the store (pods' ``assigned-gpus``,
+        GPUNodes' pools) and the driver's records; count each violation."""
+        inv = self.invariants
+        inv.checks += 1
+        job = sum(len(p.devices) for p in self._job_pods())
+        if job > self.s.job_gpus:
+            inv.violated("job_above_peak", f"t={t:g}: the job holds {job} GPUs, peak {self.s.job_gpus}")
+        standby_nodes = {
+            o["metadata"]["name"]
+            for o in (await self.store.list(Kind.GPUNODE)).items
+            if ((o.get("spec") or {}).get("pool") or Pool.GENERAL.value) == Pool.STANDBY.value
+        }
+        holders: dict[DeviceKey, str] = {}
+        for obj in (await self.store.list(Kind.POD)).items:
+            meta = obj["metadata"]
+            raw = (meta.get("annotations") or {}).get(keys.ANN_ASSIGNED_GPUS)
+            if not raw or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            name = f"{meta['namespace']}/{meta['name']}"
+            try:
+                devices = Assignment.parse(str(raw)).devices
+            except PodSpecError:
+                continue
+            low = (meta.get("labels") or {}).get(keys.LABEL_PRIORITY, keys.PRIORITY_LOW) != keys.PRIORITY_HIGH
+            for d in devices:
+                if d in holders:
+                    inv.violated("gpu_held_twice", f"t={t:g}: {d} held by {holders[d]} and {name}")
+                holders[d] = name
+                if low and d.node in standby_nodes:
+                    inv.violated("lp_on_standby", f"t={t:g}: {name} holds {d} on a standby node")
+        for c in self.cycles:
+            if c.restored_at is not None and not c.unaccounted_checked:
+                c.unaccounted_checked = True
+                if not c.accounted or (
+                    self.policy is Policy.ROR
+                    and c.reclaimed_same + c.supplemented + c.missing != c.lent_tagged
+                ):
+                    inv.violated(
+                        "unaccounted_scale_ups",
+                        f"cycle scaled up at t={c.up_at}: lent {c.lent_tagged} = same {c.reclaimed_same}"
+                        f" + supplemented {c.supplemented} + missing {c.missing}? accounted={c.accounted}",
+                    )
+
     async def run(self) -> None:
         """Set up, then tick until the horizon. Raises :class:`SimulationError` when the
         extender or the store keeps failing."""
         self.wall_started = time.perf_counter()
         try:
             await self.setup()
+            await self.check_invariants(0.0)
             self.sample(0.0)
             ticks = int(self.s.horizon // self.s.tick)
             for k in range(1, ticks + 1):
                 t = k * self.s.tick
+                await self.advance_to(t)
                 await self.update_gpus(t)
                 await self.lp_completions(t)
                 await self.scale(t)
                 await self.lp_arrivals(t)
                 if t % 3600 == 0:
                     await self.reconcile_pods()
+                if self.size is tide.Scale.FULL and sum(p.gpus for p in self._job_pods()) < self.s.job_gpus:
+                    await self._fill_job(t)  # the job's controller replaces what it lost
                 if self.dirty or any(p.node is None for p in self.pods.values()):
-                    await self.barrier.sync()
+                    await self.settle()
                     self.dirty = False
                     await self._schedule_round(t)
                 self.check_restored(t)
+                await self.check_invariants(t)
                 if t % 3600 == 0:
                     self.sample(t)
                 if k % (ticks // 20 or 1) == 0:
@@ -920,12 +1001,21 @@ class Simulation:
                             wall_s=round(time.perf_counter() - self.wall_started, 1),
                         ),
                     )
+            last = self.cycles[-1] if self.cycles else None
+            if last is not None and last.up_at is not None and last.restored_at is None:
+                self._account_cycle(last)  # a scale-up still being restored at the end
         except StoreError as exc:
             raise SimulationError(f"store failed: {exc}") from exc
         finally:
             self.wall_s = time.perf_counter() - self.wall_started
-            self.stats.barrier_waits = self.barrier.waits
-            self.stats.barrier_wall_s = self.barrier.wall_s
+
+    def timing(self) -> dict[str, Any]:
+        """Wall-clock figures of the run (not part of the reproducible report)."""
+        return {
+            "wall_s": round(self.wall_s, 1),
+            "settles": self.stats.settles,
+            "http": self.client.stats.as_dict(),
+        }
 
     def report(self) -> dict[str, Any]:
         """The policy's section of the JSON report."""
@@ -933,7 +1023,7 @@ class Simulation:
         since = s.warmup
         return {
             "policy": self.policy.value,
-            "wall_s": round(self.wall_s, 1),
+            "invariants": self.invariants.as_dict(),
             "ha_share": metrics.ha_share_summary(self.samples),
             "lp_fulfilment": {
                 "overall": metrics.overall_fulfilment(self.requests, patience=s.lp_patience, since=since),
@@ -967,11 +1057,9 @@ class Simulation:
                 "lp_pods_withdrawn": self.stats.withdrawn_lp_pods,
                 "double_allocations": self.stats.double_allocations,
                 "assignment_mismatches": self.stats.assignment_mismatches,
-                "barrier_waits": self.stats.barrier_waits,
-                "barrier_wall_s": round(self.stats.barrier_wall_s, 2),
                 "gpunode_status_patches": self.stats.status_patches,
                 "controller_timeouts": self.stats.controller_timeouts,
-                "http": self.client.stats.as_dict(),
+                "http_calls": dict(sorted(self.client.stats.calls.items())),
                 "http_errors": sum(self.client.stats.errors.values()),
             },
             "notes": self.stats.notes[:50],

@@ -51,8 +51,9 @@ class LpRequest:
 
 @dataclass(slots=True)
 class Cycle:
-    """One scale-down/scale-up cycle of the online job (times in simulated seconds; wall
-    times in real seconds)."""
+    """One scale-down/scale-up cycle of the online job (times in simulated seconds).
+    ``lend_s``/``reclaim_s``: how long the Lend/Reclaim took on the simulated clock;
+    ``accounted``: the lent GPUs were counted (same, supplemented, missing) at least once."""
 
     down_at: float
     released: int
@@ -65,8 +66,10 @@ class Cycle:
     same_devices_back: int = 0
     lend_phase: str | None = None
     reclaim_phase: str | None = None
-    lend_wall_s: float | None = None
-    reclaim_wall_s: float | None = None
+    lend_s: float | None = None
+    reclaim_s: float | None = None
+    accounted: bool = False
+    unaccounted_checked: bool = False
     restored_at: float | None = None
     lp_pods_evicted: int = 0
     lp_pods_preempted: int = 0
@@ -80,6 +83,7 @@ class Cycle:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out.pop("unaccounted_checked")
         out["complete"] = self.complete
         return out
 
@@ -143,10 +147,10 @@ def ha_share_summary(samples: Sequence[Sample], *, days: float = 7.0) -> dict[st
 
 def cycle_summary(cycles: Sequence[Cycle]) -> dict[str, Any]:
     """Totals over the cycles that scaled back up: how many were complete, GPUs lent with a
-    tag, reclaimed as the same device, supplemented, missing; reclaim wall time (s) mean and
-    max; restore delay (simulated s) mean and max."""
+    tag, reclaimed as the same device, supplemented, missing; reclaim time (simulated s)
+    mean and max; restore delay (simulated s) mean and max."""
     done = [c for c in cycles if c.up_at is not None]
-    walls = [c.reclaim_wall_s for c in done if c.reclaim_wall_s is not None]
+    walls = [c.reclaim_s for c in done if c.reclaim_s is not None]
     delays = [c.restored_at - c.up_at for c in done if c.restored_at is not None and c.up_at is not None]
     return {
         "cycles": len(done),
@@ -159,8 +163,8 @@ def cycle_summary(cycles: Sequence[Cycle]) -> dict[str, Any]:
         "missing": sum(c.missing for c in done),
         "same_devices_back": sum(c.same_devices_back for c in done),
         "restored_cycles": sum(1 for c in done if c.restored_at is not None),
-        "reclaim_wall_s_mean": statistics.fmean(walls) if walls else None,
-        "reclaim_wall_s_max": max(walls) if walls else None,
+        "reclaim_s_mean": statistics.fmean(walls) if walls else None,
+        "reclaim_s_max": max(walls) if walls else None,
         "restore_delay_s_mean": statistics.fmean(delays) if delays else None,
         "restore_delay_s_max": max(delays) if delays else None,
         "lp_pods_evicted": sum(c.lp_pods_evicted for c in done),

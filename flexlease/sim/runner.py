@@ -1,40 +1,89 @@
-"""Run one or both policies: a fresh SQLite store and a fresh extender subprocess per policy.
+"""Run the policies: a fresh store, virtual clock and hosted extender per policy.
 
-Each policy gets its own state file ``<out>/<policy>/state.db`` and its own extender (log in
-``<out>/<policy>/extender.log``), so the two runs share nothing but the inputs
+Each policy gets its own :class:`~flexlease.store.memory.MemoryStore` (with deterministic
+uids and ``creationTimestamp`` s from the clock), its own
+:class:`~flexlease.clock.ManualClock` starting at :data:`flexlease.sim.driver.EPOCH`, and its
+own extender — the real app and lease controller, served on loopback HTTP in this process
+by ``extender.simhost`` on that clock (``flexlease`` may not import ``extender``, so the
+module is loaded by name, :data:`HOST_MODULE`). The policies share nothing but the inputs
 (:class:`flexlease.sim.driver.World`: the same LP arrivals, tide and GPU outages).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
+import itertools
+import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Protocol
 
 import aiohttp
 
-from flexlease.config import StoreSettings
+from flexlease.clock import ManualClock
+from flexlease.config import LeaseSettings, Settings, StoreSettings
 from flexlease.logging import ctx
-from flexlease.sim import driver, extender_proc
+from flexlease.sim import driver, failures
 from flexlease.sim.extender_client import ExtenderClient
 from flexlease.sim.scenario import Policy, Scenario
-from flexlease.store import factory
+from flexlease.store.base import Kind
+from flexlease.store.memory import MemoryStore
 
 log = logging.getLogger(__name__)
 
-READY_TIMEOUT_SECONDS = 60.0
+HOST_MODULE: Final = "extender.simhost"
+"""Module with ``hosted(settings, store, clock)``: the extender served in this process."""
+STATE_FILE: Final = "state.json"
 
 
-async def wait_ready(client: ExtenderClient, limit_s: float) -> None:
-    """Poll ``/readyz`` until 200. Raises :class:`driver.SimulationError` after ``limit_s`` s."""
-    deadline = time.monotonic() + limit_s
-    while not await client.ready():
-        if time.monotonic() > deadline:
-            raise driver.SimulationError(f"extender not ready after {limit_s:g} s")
-        await asyncio.sleep(0.05)
+class Hosted(Protocol):
+    """What ``extender.simhost.hosted`` yields."""
+
+    url: str
+
+    async def settle(self) -> int: ...
+
+
+HostFactory = Callable[[Settings, MemoryStore, ManualClock], contextlib.AbstractAsyncContextManager[Hosted]]
+
+
+def load_host() -> HostFactory:
+    """``extender.simhost.hosted``, imported by name. Raises ``ImportError`` when the
+    extender package is not installed."""
+    factory: HostFactory = importlib.import_module(HOST_MODULE).hosted
+    return factory
+
+
+def sim_settings(scenario: Scenario) -> Settings:
+    """The extender's settings in a simulation: in-memory store; the lease controller on or
+    off per the scenario, keeping the standby pool at its initial size, resyncing hourly
+    (every change is watched; the resync is only a safety net)."""
+    return Settings(
+        log_level="WARNING",
+        store=StoreSettings(kind="memory"),
+        lease=LeaseSettings(
+            enabled=scenario.lease_enabled,
+            resync_seconds=3600.0,
+            standby_pool_size=scenario.standby_pool_size,
+        ),
+    )
+
+
+def uid_source(policy: Policy) -> Callable[[], str]:
+    """Deterministic UUID-shaped uids: ``<policy hash>-…-<counter>``."""
+    counter = itertools.count(1)
+    tag = sum(policy.value.encode()) & 0xFFFF
+    return lambda: f"{tag:08x}-0000-4000-8000-{next(counter):012x}"
+
+
+@contextlib.asynccontextmanager
+async def _session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
 
 
 async def run_policy(
@@ -43,28 +92,28 @@ async def run_policy(
     *,
     world: driver.World,
     out: Path,
-    extra_env: Mapping[str, str] | None = None,
+    host: HostFactory | None = None,
     keep_state: bool = False,
-) -> dict[str, Any]:
-    """Simulate ``policy`` against a fresh extender (``extra_env``: more environment for it);
-    returns its report section. On a :class:`driver.SimulationError` the section holds
-    ``error`` and the partial results. The SQLite file (hundreds of MiB after 60 days) is
-    removed afterwards unless ``keep_state``."""
-    work = out / policy.value
-    work.mkdir(parents=True, exist_ok=True)
-    db = work / "state.db"
-    await asyncio.to_thread(_remove_db, db)
-    store = await factory.open_store(StoreSettings(kind="sqlite", sqlite_path=db, sqlite_poll_seconds=0.005))
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Simulate ``policy`` against a fresh hosted extender; returns its report section and
+    its wall-clock timing. On a :class:`driver.SimulationError` the section holds ``error``
+    and the partial results. ``keep_state``: write every object left in the store to
+    ``<out>/<policy>/state.json`` (Pods, GPUNodes, GPULeases, Events)."""
+    clock = ManualClock(driver.EPOCH)
+    store = MemoryStore(clock=clock, uids=uid_source(policy), history_revisions=200_000)
+    factory = host or load_host()
     try:
-        async with (
-            extender_proc.running_extender(
-                db, work / "extender.log", speedup=scenario.speedup, extra_env=extra_env
-            ) as ext,
-            aiohttp.ClientSession() as session,
-        ):
+        async with factory(sim_settings(scenario), store, clock) as ext, _session() as session:
             client = ExtenderClient(session, ext.url)
-            await wait_ready(client, READY_TIMEOUT_SECONDS)
-            sim = driver.Simulation(scenario, policy, world=world, store=store, client=client)
+            sim = driver.Simulation(
+                scenario,
+                policy,
+                world=world,
+                store=store,
+                client=client,
+                clock=clock,
+                host=driver.ExtenderHost(ext.url, ext.settle),
+            )
             log.info("simulation starting", extra=ctx(policy=policy.value, extender=ext.url))
             error = None
             try:
@@ -73,19 +122,25 @@ async def run_policy(
                 error = str(exc)
                 log.error("simulation stopped", extra=ctx(policy=policy.value, error=error))
             section = sim.report()
-            section["extender_log"] = str(ext.log_path)
             if error is not None:
                 section["error"] = error
-            return section
+            if keep_state:
+                section["state_file"] = str(await _dump_state(store, out / policy.value))
+            return section, sim.timing()
     finally:
         await store.close()
-        if not keep_state:
-            await asyncio.to_thread(_remove_db, db)
 
 
-def _remove_db(db: Path) -> None:
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
+async def _dump_state(store: MemoryStore, work: Path) -> Path:
+    state = {kind.value: (await store.list(kind)).items for kind in Kind}
+    return await asyncio.to_thread(_write_state, work, json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+def _write_state(work: Path, text: str) -> Path:
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / STATE_FILE
+    path.write_text(text)
+    return path
 
 
 async def run_all(
@@ -93,45 +148,66 @@ async def run_all(
     policies: list[Policy],
     out: Path,
     *,
-    extra_env: Mapping[str, str] | None = None,
+    host: HostFactory | None = None,
     keep_state: bool = False,
-) -> dict[str, Any]:
-    """Build the shared inputs and run every policy in turn; returns the full report."""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Build the shared inputs and run every policy in turn; returns the full report (the
+    same for the same scenario, byte for byte once written) and the wall-clock timings."""
     started = time.perf_counter()
     world = driver.build_world(scenario)
-    sections = {}
+    sections: dict[str, Any] = {}
+    timings: dict[str, Any] = {}
     for policy in policies:
-        try:
-            sections[policy.value] = await run_policy(
-                scenario, policy, world=world, out=out, extra_env=extra_env
-            )
-        except extender_proc.ExtenderStartError as exc:
-            sections[policy.value] = {"policy": policy.value, "error": str(exc)}
-    return {
+        sections[policy.value], timings[policy.value] = await run_policy(
+            scenario, policy, world=world, out=out, host=host, keep_state=keep_state
+        )
+    report = {
         "scenario": scenario_dict(scenario),
         "inputs": {
             "lp_source": world.lp_source,
             "lp_pods": len(world.arrivals),
             "tide": world.tide_source,
-            "failure_model": {
-                "flaky_fraction": round(world.model.flaky_fraction, 4),
-                "good_rate_per_day": round(world.model.good_rate * 86400, 5),
-                "flaky_rate_per_day": round(world.model.flaky_rate * 86400, 3),
-                "no_outage_14d": round(world.model.no_outage_probability(14), 3),
-                "no_outage_30d": round(world.model.no_outage_probability(30), 3),
-            },
+            "failure_model": failure_figures(world, scenario),
         },
         "policies": sections,
-        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    timings["wall_s"] = round(time.perf_counter() - started, 1)
+    return report, timings
+
+
+def failure_figures(world: driver.World, scenario: Scenario) -> dict[str, Any]:
+    """The failure model's calibration targets (Fig. 5) and what this run's outage histories
+    measure: the share of general-pool GPUs without an outage over the first 14 and 30
+    simulated days (None when the run is shorter)."""
+    model = world.model
+    general = {n for n in driver.general_nodes(scenario)}
+    histories = [h for k, h in world.outages.items() if k.node in general]
+
+    def measured(days: float) -> float | None:
+        end = days * 86400.0
+        if end > scenario.horizon or not histories:
+            return None
+        clean = sum(1 for h in histories if failures.downtime(h, 0.0, end) == 0)
+        return round(clean / len(histories), 4)
+
+    return {
+        "flaky_fraction": round(model.flaky_fraction, 4),
+        "good_rate_per_day": round(model.good_rate * 86400, 5),
+        "flaky_rate_per_day": round(model.flaky_rate * 86400, 3),
+        "target_no_outage_14d": round(model.no_outage_probability(14), 3),
+        "target_no_outage_30d": round(model.no_outage_probability(30), 3),
+        "measured_no_outage_14d": measured(14),
+        "measured_no_outage_30d": measured(30),
     }
 
 
 def scenario_dict(scenario: Scenario) -> dict[str, Any]:
-    """The scenario as JSON-ready values."""
+    """The scenario as JSON-ready values (the data directory as its name only, so that the
+    report does not depend on where the checkout lives)."""
     out: dict[str, Any] = {}
     for name in scenario.__dataclass_fields__:
         value = getattr(scenario, name)
-        out[name] = str(value) if isinstance(value, Path) else getattr(value, "value", value)
+        out[name] = value.name if isinstance(value, Path) else getattr(value, "value", value)
     out["job_gpus"] = scenario.job_gpus
     out["lp_target_load"] = scenario.lp_target_load
     return out

@@ -24,8 +24,7 @@ class Policy(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
-    """Everything a run depends on. Times in seconds (simulated unless named ``*_wall_s``),
-    loads in GPUs, ratios 0–1.
+    """Everything a run depends on. Times in simulated seconds, loads in GPUs, ratios 0–1.
 
     * cluster: ``nodes`` general nodes and ``standby_nodes`` standby nodes of
       ``gpus_per_node`` GPUs;
@@ -39,8 +38,10 @@ class Scenario:
     * time: ``days`` simulated, one scheduling round every ``tick``; the first ``warmup``
       seconds are left out of the fulfilment figures;
     * tiers: ``tier_window`` and ``tier_refresh`` (the node agents' settings);
-    * lease controller: ``grace_period_seconds`` on every GPULease, ``speedup`` passed to the
-      extender as ``FLEXLEASE_CLOCK_SPEEDUP``, and real-time bounds on every wait.
+    * lease controller: ``grace_period_seconds`` on every GPULease, ``lend_timeout`` (how
+      long a Lend may take before it is reported), ``lease_enabled`` (False runs the
+      extender without its controller, to show that it is noticed), ``standby_pool_size``
+      (the controller keeps the standby pool at that many GPUs; 0 leaves it as set up).
     """
 
     nodes: int = 64
@@ -62,10 +63,9 @@ class Scenario:
     tier_window: float = 14 * DAY
     tier_refresh: float = DAY
     grace_period_seconds: int = 30
-    speedup: float = 1000.0
-    lend_timeout_wall_s: float = 30.0
-    reclaim_timeout_wall_s: float = 60.0
-    barrier_timeout_wall_s: float = 20.0
+    lend_timeout: float = 300.0
+    lease_enabled: bool = True
+    standby_pool_size: int = 0
 
     def __post_init__(self) -> None:
         if self.nodes < 2 or self.gpus_per_node < 1 or self.standby_nodes < 0:
@@ -76,8 +76,8 @@ class Scenario:
             raise ValueError(f"trace must be philly, alibaba or synthetic, not {self.trace!r}")
         if self.online_gpus is not None and not 0 < self.online_gpus <= self.general_gpus:
             raise ValueError("online_gpus must be within 1..general GPUs")
-        if self.speedup <= 0 or self.lp_load <= 0 or self.lp_patience < 0:
-            raise ValueError("speedup and lp_load must be positive, lp_patience >= 0")
+        if self.lp_load <= 0 or self.lp_patience < 0:
+            raise ValueError("lp_load must be positive, lp_patience >= 0")
 
     @property
     def general_gpus(self) -> int:

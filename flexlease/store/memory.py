@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from flexlease.clock import Clock
 from flexlease.errors import Conflict, Gone, NotFound, StoreError
 from flexlease.store import semantics
 from flexlease.store.base import (
@@ -84,7 +85,12 @@ class MemoryStore:
         *,
         history_revisions: int = DEFAULT_HISTORY_REVISIONS,
         bookmark_seconds: float = DEFAULT_BOOKMARK_SECONDS,
+        clock: Clock | None = None,
+        uids: Callable[[], str] | None = None,
     ) -> None:
+        """``clock``: where ``creationTimestamp`` comes from (default: the system clock).
+        ``uids``: makes each new object's ``metadata.uid`` (default: random UUIDs); a
+        simulation passes both so that a run is reproducible."""
         if history_revisions < 1:
             raise ValueError("history_revisions must be at least 1")
         self._history_revisions = history_revisions
@@ -96,6 +102,20 @@ class MemoryStore:
         self._history: list[_Change] = []
         self._watches: dict[Kind, weakref.WeakSet[_MemoryWatch]] = {k: weakref.WeakSet() for k in Kind}
         self._closed = False
+        self._clock = clock
+        self._uids = uids
+        self._kind_revision: dict[Kind, int] = {}
+        """The revision of each kind's last write (for :attr:`idle`)."""
+
+    @property
+    def idle(self) -> bool:
+        """True when every open watch has yielded every change of its kind: nothing is in
+        flight from this store to its consumers (a simulation's quiescence check)."""
+        for kind, watches in self._watches.items():
+            last = self._kind_revision.get(kind, 0)
+            if not all(w.caught_up(last) for w in list(watches)):
+                return False
+        return True
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -163,7 +183,12 @@ class MemoryStore:
         """Create (see :func:`semantics.prepare_create`). Returns the stored object (a copy).
         Raises ``Conflict`` when the name exists, ``StoreError`` (400) on an invalid object."""
         self._check_open()
-        key, new = semantics.prepare_create(kind, obj)
+        key, new = semantics.prepare_create(
+            kind,
+            obj,
+            uid=self._uids() if self._uids is not None else None,
+            created=semantics.format_time(self._clock.now_utc()) if self._clock is not None else None,
+        )
         if key in self._objects[kind]:
             where = f"{key[0]}/{key[1]}" if key[0] else key[1]
             raise Conflict(f"{kind} {where} already exists")
@@ -244,6 +269,7 @@ class MemoryStore:
         text = semantics.encode(kind, semantics.stamp(obj, revision))
         stored = semantics.decode(text)  # our own copy, sharing nothing with the caller
         self._revision = revision
+        self._kind_revision[kind] = revision
         if change is EventType.DELETED:
             del self._objects[kind][key]
         else:

@@ -71,7 +71,12 @@ def decode(text: str) -> JsonObj:
 
 def now_rfc3339() -> str:
     """Current UTC time as Kubernetes writes ``metav1.Time``: ``2026-01-02T15:04:05Z``."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(datetime.now(UTC))
+
+
+def format_time(when: datetime) -> str:
+    """An aware datetime as Kubernetes writes ``metav1.Time`` (seconds, ``Z``)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def bad_request(message: str) -> StoreError:
@@ -112,11 +117,14 @@ def _generated_name(prefix: str) -> str:
     return prefix + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(_NAME_SUFFIX_LEN))
 
 
-def prepare_create(kind: Kind, obj: JsonObj) -> tuple[ObjectKey, JsonObj]:
+def prepare_create(
+    kind: Kind, obj: JsonObj, *, uid: str | None = None, created: str | None = None
+) -> tuple[ObjectKey, JsonObj]:
     """Validate ``obj`` for create and return its key and the object to store, without a
     resourceVersion (see :func:`stamp`).
 
-    Sets ``apiVersion``, ``kind``, ``metadata.uid``, ``creationTimestamp``, ``generation`` (1),
+    Sets ``apiVersion``, ``kind``, ``metadata.uid`` (``uid``, default a random UUID),
+    ``creationTimestamp`` (``created``, default now), ``generation`` (1),
     a name from ``metadata.generateName`` when ``name`` is empty, and clears ``namespace`` for
     cluster-scoped kinds. For kinds in :data:`STATUS_SUBRESOURCE` ``status`` is dropped (Pods
     start with ``{"phase": "Pending"}``). Raises ``StoreError`` (400) on a non-object, a
@@ -138,8 +146,8 @@ def prepare_create(kind: Kind, obj: JsonObj) -> tuple[ObjectKey, JsonObj]:
         meta["namespace"] = key[0]
     else:
         meta.pop("namespace", None)
-    meta["uid"] = str(uuid.uuid4())
-    meta["creationTimestamp"] = now_rfc3339()
+    meta["uid"] = uid or str(uuid.uuid4())
+    meta["creationTimestamp"] = created or now_rfc3339()
     meta["generation"] = 1
     out: JsonObj = {"apiVersion": API_VERSIONS[kind], "kind": kind.value}
     out.update((k, v) for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata"))

@@ -46,6 +46,13 @@ class EmbeddedWatch:
         self._skipped = False
         self._yielded_at = time.monotonic()
 
+    def caught_up(self, revision: int) -> bool:
+        """True when this watch has nothing left to yield up to ``revision`` (the store's
+        last write of this watch's kind), or has stopped."""
+        if self._stopped:
+            return True
+        return not self._pending and self._last is not None and self._last >= revision
+
     def wake(self) -> None:
         """A write happened in this process: look again now."""
         self._wakeup.set()

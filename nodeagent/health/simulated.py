@@ -39,9 +39,9 @@ from typing import Any, Self
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flexlease.clock import Clock
 from flexlease.errors import NvmlError
 from nodeagent.health.backend import DeviceEvent, DeviceInfo, DeviceSample, EventKind
-from nodeagent.health.clock import Clock
 
 
 class _Model(BaseModel):

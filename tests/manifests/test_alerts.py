@@ -14,9 +14,9 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from flexlease.clock import ManualClock
 from flexlease.store.memory import MemoryStore
 from nodeagent.health.backend import DeviceSample
-from nodeagent.health.clock import ManualClock
 from tests.nodeagent.health.kit import START, make_context, make_settings, node_config
 
 ALERTS = Path(__file__).resolve().parents[2] / "manifests" / "alerts"

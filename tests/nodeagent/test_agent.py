@@ -20,12 +20,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flexlease.api.resources import Health, parse_gpunode
+from flexlease.clock import ManualClock
 from flexlease.store.base import Kind, Store
 from flexlease.store.memory import MemoryStore
 from nodeagent import agent
 from nodeagent import main as agent_main
 from nodeagent.agent import AgentContext
-from nodeagent.health.clock import ManualClock
 from nodeagent.health.keeper import LedgerKeeper
 from nodeagent.health.watch import HealthWatch
 from nodeagent.metrics import MetricsServer

@@ -13,10 +13,10 @@ from prometheus_client.samples import Sample
 from pytest_aiohttp import AiohttpClient
 
 import nodeagent
+from flexlease.clock import ManualClock
 from flexlease.store.memory import MemoryStore
 from nodeagent.agent import AgentContext
 from nodeagent.health.backend import DeviceEvent, DeviceSample, EventKind
-from nodeagent.health.clock import ManualClock
 from nodeagent.metrics import Readiness, create_app
 from tests.nodeagent.health.kit import NODE, START, make_context, make_settings, node_config
 

@@ -10,13 +10,13 @@ import pytest
 
 from flexlease.api.resources import Health, parse_gpunode
 from flexlease.api.tiers import Tier
+from flexlease.clock import ManualClock
 from flexlease.errors import Conflict, StoreError
 from flexlease.store.base import JsonObj, Kind, Store
 from flexlease.store.memory import MemoryStore
 from flexlease.store.sqlite import SqliteStore
 from nodeagent.agent import AgentContext
 from nodeagent.health.backend import DeviceEvent, DeviceSample, EventKind
-from nodeagent.health.clock import ManualClock
 from nodeagent.status import StatusReporter, merge_diff, status_patch
 from tests.nodeagent.health.kit import NODE, START, make_context, make_settings, node_config
 

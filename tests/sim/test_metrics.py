@@ -49,7 +49,7 @@ def test_cycle_completeness_and_summary() -> None:
         lent_tagged=14,
         reclaimed_same=13,
         supplemented=1,
-        reclaim_wall_s=0.5,
+        reclaim_s=30.0,
         restored_at=700,
     )
     short = Cycle(down_at=1000, released=16, up_at=2000, lent_tagged=14, reclaimed_same=12, missing=2)

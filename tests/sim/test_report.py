@@ -29,7 +29,7 @@ def _section(policy: str, share: float) -> dict[str, Any]:
     ]
     return {
         "policy": policy,
-        "wall_s": 1.0,
+        "invariants": {"checks": 72, "violations": {}, "total": 0, "first": {}},
         "ha_share": {
             "start": share,
             "first_days_mean": share,
@@ -54,8 +54,8 @@ def _section(policy: str, share: float) -> dict[str, Any]:
             "missing": 0,
             "same_devices_back": 24,
             "released_gpus": 24,
-            "reclaim_wall_s_mean": 0.2,
-            "reclaim_wall_s_max": 0.3,
+            "reclaim_s_mean": 30.0,
+            "reclaim_s_max": 40.0,
             "restore_delay_s_mean": 600.0,
             "restore_delay_s_max": 1200.0,
         },

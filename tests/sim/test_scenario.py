@@ -32,7 +32,7 @@ def test_default_data_dir_is_shared_data_beside_the_repo() -> None:
         {"days": 0},
         {"trace": "google"},
         {"online_gpus": 10_000},
-        {"speedup": 0},
+        {"lp_load": 0},
     ],
 )
 def test_bad_values_are_refused(bad: dict[str, object]) -> None:

@@ -17,7 +17,6 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pytest_aiohttp import AiohttpClient
 
-from extender.lease.clock import ManualClock
 from extender.lease.controller import (
     CLUSTER_KEY,
     LEASE_CONTROLLER,
@@ -28,6 +27,7 @@ from extender.lease.controller import (
 )
 from extender.lease.view import parse_time
 from flexlease.api import keys
+from flexlease.clock import ManualClock
 from flexlease.config import LeaseSettings, Settings
 from flexlease.store.base import Kind, Store
 from flexlease.store.memory import MemoryStore
@@ -180,7 +180,7 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
         await add_pod(store, pod("lp-c", "n1", [5]))  # untagged GPU: left alone
 
         await add_lease(store, lease("reclaim", "Reclaim", count=4, grace=45))
-        deadline = clock.now() + timedelta(seconds=45)
+        deadline = clock.now_utc() + timedelta(seconds=45)
 
         async def noticed() -> bool:
             pods = (await store.list(Kind.POD, namespace="lp")).items
@@ -201,10 +201,10 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
         assert status["phase"] == "InProgress" and status["preemptedPods"] == ["lp/lp-a", "lp/lp-b"]
         assert sample(registry, "flexlease_lease_outstanding_reclaims") == 1
 
-        clock.advance(44)
+        await clock.advance(44)
         await asyncio.sleep(0.05)
         assert await pod_names(store) == {"lp-a", "lp-b", "lp-c"}  # still in the grace period
-        clock.advance(1)
+        await clock.advance(1)
         await eventually(lambda: _pods_are(store, {"lp-c"}))
         assert sample(registry, "flexlease_lease_evictions_total") == 2
 
@@ -215,7 +215,7 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
         await eventually(freed)
         assert await tags(store, "n1") == {i: OWNER for i in range(4)}  # still reserved for the owner
 
-        clock.advance(20)
+        await clock.advance(20)
         await bind_owner(store, "rec-0", "n1", [0, 1, 2, 3])
         await eventually(phase_is(store, "reclaim", "Done"))
         status = (await get_lease(store, "reclaim"))["status"]
@@ -292,7 +292,7 @@ async def test_restarted_controller_finishes_a_reclaim_mid_grace_period(
     ]
     notices_before = reasons(await events(store)).count("PreemptNotice")
 
-    clock.advance(31)  # the grace period ends while no controller runs
+    await clock.advance(31)  # the grace period ends while no controller runs
     async with running(store, clock):  # a new process: nothing in memory
         await eventually(lambda: _pods_are(store, set()))
         await bind_owner(store, "rec-0", "n1", [0, 1, 2, 3])
@@ -311,7 +311,7 @@ async def test_a_pdb_delays_the_eviction_until_it_allows_it(store: MemoryStore, 
         await store.create(Kind.PDB, pdb("batch", namespace="lp", match={"app": "batch"}, allowed=0))
         await add_lease(store, lease("reclaim", "Reclaim", devices=[("n1", 0)], grace=30))
         await eventually(lambda: _has_reason(store, "PreemptNotice"))
-        clock.advance(30)
+        await clock.advance(30)
 
         async def blocked() -> bool:
             conds = (await get_lease(store, "reclaim"))["status"].get("conditions", [])
@@ -325,12 +325,12 @@ async def test_a_pdb_delays_the_eviction_until_it_allows_it(store: MemoryStore, 
         assert "refused by a PodDisruptionBudget" in status["message"]
 
         refused = sample(registry, "flexlease_lease_evictions_refused_total")
-        clock.advance(5)  # retried, refused again
+        await clock.advance(5)  # retried, refused again
         await eventually(lambda: _true(sample(registry, "flexlease_lease_evictions_refused_total") > refused))
         assert reasons(await events(store), "Pod").count("EvictionBlocked") == 1  # warned once
 
         await store.patch(Kind.PDB, "batch", {"status": {"disruptionsAllowed": 1}}, namespace="lp")
-        clock.advance(5)
+        await clock.advance(5)
         await eventually(lambda: _pods_are(store, set()))
         await bind_owner(store, "rec-0", "n1", [0])
         await eventually(phase_is(store, "reclaim", "Done"))
@@ -401,7 +401,7 @@ async def test_lend_and_reclaim_on_sqlite(tmp_path: Path, clock: ManualClock) ->
             await add_pod(sqlite, pod("lp-a", "n1", [1]))
             await add_lease(sqlite, lease("reclaim", "Reclaim", count=4, grace=30))
             await eventually(lambda: _has_reason(sqlite, "PreemptNotice"))
-            clock.advance(30)
+            await clock.advance(30)
             await eventually(lambda: _pods_are(sqlite, set()))
             await bind_owner(sqlite, "rec-0", "n1", [0, 1, 2, 3])
             await eventually(phase_is(sqlite, "reclaim", "Done"))

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from extender.lease.clock import ManualClock
 from extender.lease.workqueue import WorkQueue
+from flexlease.clock import ManualClock
 
 
 def make() -> tuple[WorkQueue, ManualClock]:
@@ -40,10 +40,10 @@ async def test_add_after_waits_for_clock_time() -> None:
     queue.add_after("a", 30)  # the earliest wins
     getter = asyncio.create_task(queue.get(), name="get")
     await asyncio.sleep(0.01)
-    clock.advance(9)
+    await clock.advance(9)
     await asyncio.sleep(0.01)
     assert not getter.done()
-    clock.advance(1)
+    await clock.advance(1)
     assert await asyncio.wait_for(getter, 1) == "a"
 
 

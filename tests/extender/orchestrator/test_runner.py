@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from extender.lease.clock import ManualClock
+from flexlease.clock import ManualClock
 from extender.orchestrator import dag, profile
 from extender.orchestrator.executors import ExecResult
 from extender.orchestrator.runner import JobRef, RetryPolicy, Runner, RunResult, State
@@ -71,7 +71,7 @@ async def _until(cond: Callable[[], bool], clock: ManualClock | None = None, ste
         if cond():
             return
         if clock is not None and step:
-            clock.advance(step)
+            await clock.advance(step)
         await asyncio.sleep(0.001)
     raise AssertionError("condition never held")
 
@@ -177,7 +177,7 @@ async def test_failures_retry_with_bounded_exponential_backoff(
     await _put(store, pod("w-0", "worker"))
     outcomes = iter([ExecResult(1, stderr=b"ORTE was unable to reach w-0\n"), ExecResult(1), ExecResult(0)])
     executor = FakeExecutor(lambda p, a: next(outcomes))
-    started = clock.now()
+    started = clock.now_utc()
 
     async def during(task: asyncio.Task[RunResult]) -> None:
         await _until(task.done, clock, 0.25)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from extender.lease.clock import ManualClock
+from flexlease.clock import ManualClock
 from extender.orchestrator import profile
 from extender.orchestrator.watch import ReadinessWatch
 from flexlease.store.base import Kind
@@ -61,5 +61,5 @@ async def test_snapshot_follows_the_jobs_pods_by_role(store: MemoryStore) -> Non
         waiter = asyncio.create_task(watch.wait_newer(version, clock=clock, within=5), name="waiter")
         await asyncio.sleep(0.01)
         assert not waiter.done()
-        clock.advance(5)
+        await clock.advance(5)
         assert (await waiter).version == version

@@ -9,11 +9,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from flexlease.clock import ManualClock
 from flexlease.config import AgentSettings, Settings, TierSettings
 from flexlease.store.base import Store
 from nodeagent.agent import AgentContext, build_context
 from nodeagent.health.backend import GpuBackend
-from nodeagent.health.clock import ManualClock
 from nodeagent.health.simulated import NodeConfig, SimulatedBackend
 from nodeagent.metrics import AgentMetrics
 

@@ -9,9 +9,9 @@ import pydantic
 import pytest
 import yaml
 
+from flexlease.clock import ManualClock
 from flexlease.errors import NvmlError
 from nodeagent.health.backend import DeviceEvent, EventKind
-from nodeagent.health.clock import ManualClock
 from nodeagent.health.simulated import NodeConfig, SimulatedBackend, load_node_config
 
 NODE_YAML = """

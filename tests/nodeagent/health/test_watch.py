@@ -13,11 +13,11 @@ import pynvml
 import pytest
 
 from flexlease.api.resources import Health
+from flexlease.clock import ManualClock, SystemClock
 from flexlease.errors import NvmlError
 from flexlease.store.memory import MemoryStore
 from nodeagent.agent import AgentContext, build_context
 from nodeagent.health.backend import DeviceEvent, DeviceInfo, DeviceSample, GpuBackend
-from nodeagent.health.clock import ManualClock, SystemClock
 from nodeagent.health.keeper import LedgerKeeper
 from nodeagent.health.nvml import NvmlBackend
 from nodeagent.health.simulated import SimulatedBackend

@@ -1,0 +1,133 @@
+"""The extender hosted inside a simulation: the real app on loopback HTTP, on a virtual clock.
+
+:func:`hosted` serves exactly what ``flexlease-extender`` serves (:func:`extender.main.serve`
+with :func:`extender.server.create_app` and the lease controller's cleanup context) over an
+in-process :class:`~flexlease.store.memory.MemoryStore`, on ``127.0.0.1`` and a free port,
+with every timer on the simulation's :class:`~flexlease.clock.ManualClock`: the lease
+controller's grace periods, back-offs and resyncs, and the inventory's reservation TTL. The
+simulator (:mod:`flexlease.sim`, which may not import this package and loads this module by
+name) speaks the kube-scheduler wire format to it and calls :meth:`HostedExtender.settle`
+before it moves time or asks anything: the store's watches have delivered every change and
+the controller's work queue is empty, so each step starts from one well-defined state and a
+run is reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from extender import main as extender_main
+from extender.lease import controller as lease_controller
+from extender.state import Inventory
+from flexlease.clock import ManualClock
+from flexlease.config import Settings
+from flexlease.errors import FlexleaseError
+from flexlease.store.memory import MemoryStore
+
+SETTLE_QUIET_ROUNDS: Final = 2
+"""Consecutive event-loop iterations with nothing in flight that count as quiescent."""
+MAX_SETTLE_ROUNDS: Final = 100_000
+
+
+class NotQuiescent(FlexleaseError):
+    """The extender kept working after :data:`MAX_SETTLE_ROUNDS` loop iterations."""
+
+
+@dataclass(slots=True)
+class HostedExtender:
+    """A running hosted extender: its ``url`` (``http://127.0.0.1:<port>``) and how to wait
+    until it is quiescent."""
+
+    url: str
+    _store: MemoryStore
+    _controller: Callable[[], lease_controller.LeaseController | None]
+
+    @property
+    def quiet(self) -> bool:
+        """True when no store change is undelivered and the controller has nothing to do."""
+        controller = self._controller()
+        return self._store.idle and (controller is None or controller.idle)
+
+    async def settle(self) -> int:
+        """Yield to the event loop until :attr:`quiet` holds for :data:`SETTLE_QUIET_ROUNDS`
+        iterations in a row; returns the iterations it took. Raises :class:`NotQuiescent`
+        after :data:`MAX_SETTLE_ROUNDS`. Time does not move meanwhile."""
+        quiet = 0
+        for rounds in range(1, MAX_SETTLE_ROUNDS + 1):
+            await asyncio.sleep(0)
+            quiet = quiet + 1 if self.quiet else 0
+            if quiet >= SETTLE_QUIET_ROUNDS:
+                return rounds
+        raise NotQuiescent(f"the extender was still busy after {MAX_SETTLE_ROUNDS} loop iterations")
+
+
+@contextlib.asynccontextmanager
+async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> AsyncIterator[HostedExtender]:
+    """Serve the extender (``settings``; host and port are overridden to 127.0.0.1:0 and
+    leader election is off) over ``store`` on ``clock``, yield it once it listens and its
+    watches have listed, stop it on exit. The store is not closed. Raises
+    :class:`NotQuiescent` when it does not become ready and quiet."""
+    settings = settings.model_copy(
+        update={
+            "extender": settings.extender.model_copy(update={"host": "127.0.0.1", "port": 0}),
+            "lease": settings.lease.model_copy(update={"leader_election": False}),
+        }
+    )
+    registry = CollectorRegistry()
+    inventory = Inventory(
+        gpu_resource=settings.extender.gpu_resource,
+        reservation_ttl_seconds=settings.extender.reservation_ttl_seconds,
+        clock=clock.now,
+    )
+    holder: dict[str, lease_controller.LeaseController] = {}
+
+    async def keep_controller(app: web.Application) -> AsyncIterator[None]:
+        controller = app.get(lease_controller.LEASE_CONTROLLER)
+        if controller is not None:
+            holder["controller"] = controller
+        yield
+
+    contexts = [
+        lease_controller.cleanup_ctx(settings, store, registry=registry, clock=clock, instance="simulator"),
+        keep_controller,
+    ]
+    listening: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    serving = asyncio.create_task(
+        extender_main.serve(
+            settings,
+            store,
+            stop=stop,
+            registry=registry,
+            extra_contexts=contexts,
+            on_listening=listening.set_result,
+            inventory=inventory,
+        ),
+        name="simulated-extender",
+    )
+    try:
+        waiting: set[asyncio.Future[Any]] = {listening, serving}
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if serving in done:
+            serving.result()  # raises what stopped it
+            raise NotQuiescent("the extender stopped before it listened")
+        host = HostedExtender(listening.result()[0], store, lambda: holder.get("controller"))
+        for _ in range(MAX_SETTLE_ROUNDS):
+            controller = holder.get("controller")
+            if inventory.ready and (controller is None or controller.ready):
+                break
+            await asyncio.sleep(0)
+        else:
+            raise NotQuiescent("the extender did not list its watches")
+        await host.settle()
+        yield host
+    finally:
+        stop.set()
+        await serving
