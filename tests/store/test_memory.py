@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import pytest
 
+from flexlease.clock import ManualClock
 from flexlease.errors import Gone
 from flexlease.store.base import Kind, Store
 from flexlease.store.memory import MemoryStore
@@ -43,5 +45,35 @@ async def test_history_is_bounded_and_a_slow_watch_gets_gone() -> None:
         assert [int(e.resource_version) for e in events] == list(
             range(store.revision - 4, store.revision + 1)
         )
+    finally:
+        await store.close()
+
+
+async def test_idle_until_every_watch_has_taken_every_change_of_its_kind() -> None:
+    store = MemoryStore()
+    try:
+        assert store.idle  # no watches
+        async with watching(store, Kind.POD, str(store.revision)) as watch:
+            assert store.idle
+            await store.create(Kind.POD, make_pod("a"))
+            assert not store.idle  # written, not yet taken
+            await next_events(watch, 1)
+            assert store.idle
+            await store.create(Kind.GPUNODE, {"metadata": {"name": "n"}})
+            assert store.idle  # a change of another kind is nothing this watch waits for
+    finally:
+        await store.close()
+
+
+async def test_uids_and_creation_times_can_come_from_the_caller() -> None:
+    clock = ManualClock(datetime(2026, 1, 5, 12, 0, 7, tzinfo=UTC))
+    uids = iter(["uid-1", "uid-2"])
+    store = MemoryStore(clock=clock, uids=lambda: next(uids))
+    try:
+        a = await store.create(Kind.POD, make_pod("a"))
+        await clock.advance(60)
+        b = await store.create(Kind.POD, make_pod("b"))
+        assert (a["metadata"]["uid"], a["metadata"]["creationTimestamp"]) == ("uid-1", "2026-01-05T12:00:07Z")
+        assert (b["metadata"]["uid"], b["metadata"]["creationTimestamp"]) == ("uid-2", "2026-01-05T12:01:07Z")
     finally:
         await store.close()

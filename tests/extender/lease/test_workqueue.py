@@ -26,12 +26,18 @@ async def test_duplicates_collapse_and_order_is_kept() -> None:
 
 async def test_a_key_added_while_active_is_queued_again_after_done() -> None:
     queue, _ = make()
+    assert queue.idle
     queue.add("a")
+    assert not queue.idle
     assert await queue.get() == "a"
     queue.add("a")
     assert len(queue) == 0  # never handed out twice at once
+    assert not queue.idle  # "a" is being reconciled
     queue.done("a")
     assert await queue.get() == "a"
+    queue.done("a")
+    queue.add_after("b", 5)
+    assert queue.idle  # delayed keys wait on the clock
 
 
 async def test_add_after_waits_for_clock_time() -> None:
