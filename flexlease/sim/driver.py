@@ -286,7 +286,10 @@ class Simulation:
             )
         idx = self.candidates.index(node)
         status = objects.gpunode_status(
-            f"10.0.{idx // 250}.{idx % 250 + 1}", devices, spec=resources.GPUNodeSpec()
+            f"10.0.{idx // 250}.{idx % 250 + 1}",
+            devices,
+            spec=resources.GPUNodeSpec(),
+            heartbeat=sim_time(t),
         )
         status.pop("summary", None)  # lent counts depend on spec tags the controller owns
         await self.store.patch(Kind.GPUNODE, node, {"status": status}, subresource="status")
