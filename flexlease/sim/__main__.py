@@ -1,6 +1,7 @@
 """``python -m flexlease.sim``: run the trace-driven simulator and write the report and plots.
 
-    python -m flexlease.sim --nodes 64 --days 60 --out DIR [--data DIR] [--seed N] [--policy both|ror|plain]
+    python -m flexlease.sim --nodes 64 --days 60 --out DIR [--data DIR] [--seed N]
+        [--policy all|both|ror|plain|static] [--gpu-models "MODEL:SHARE,..."]
 
 Writes ``report.json`` (the same bytes for the same arguments), ``timing.json`` (wall-clock
 figures) and the plots. Exit status: 0 when every policy ran to the end with no invariant
@@ -18,7 +19,7 @@ from pathlib import Path
 import flexlease.logging
 from flexlease.api.tiers import Tier
 from flexlease.sim import driver, report, runner
-from flexlease.sim.scenario import DEFAULT_DATA_DIR, Scenario
+from flexlease.sim.scenario import DEFAULT_DATA_DIR, Scenario, parse_gpu_models
 from flexlease.sim.traces import DAY
 
 
@@ -33,7 +34,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
         "--data", type=Path, default=DEFAULT_DATA_DIR, help=f"trace directory (default {DEFAULT_DATA_DIR})"
     )
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--policy", choices=("both", "ror", "plain"), default="both")
+    p.add_argument("--policy", choices=("all", "both", "ror", "plain", "static"), default="all")
     p.add_argument("--trace", choices=("philly", "alibaba", "synthetic"), default="philly")
     p.add_argument(
         "--tick", type=float, default=600.0, help="scheduling round period, simulated s (default 600)"
@@ -49,9 +50,19 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
     )
     p.add_argument("--online-gpus", type=int, default=None, help="online job's GPUs at peak (default half)")
     p.add_argument("--online-reliability", choices=("HA", "MA", "LA"), default="LA")
-    p.add_argument("--tier-refresh-hours", type=float, default=24.0)
+    p.add_argument(
+        "--tier-refresh-hours",
+        type=float,
+        default=14 * 24.0,
+        help="tier refresh period (default 336 = 14 days)",
+    )
     p.add_argument(
         "--no-tide-shape", action="store_true", help="plain Fig. 2 cosine, without the Helios signal"
+    )
+    p.add_argument(
+        "--gpu-models",
+        default="NVIDIA H20:1",
+        help='GPU models and their shares of the nodes, e.g. "NVIDIA H20:0.7,NVIDIA H100 80GB HBM3:0.3"',
     )
     p.add_argument(
         "--keep-state",
@@ -76,6 +87,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
             lp_load=args.lp_load,
             lp_patience=args.lp_patience,
             tier_refresh=args.tier_refresh_hours * 3600.0,
+            gpu_models=parse_gpu_models(args.gpu_models),
             warmup=min(DAY, args.days * DAY / 4),
         )
     except ValueError as exc:

@@ -48,7 +48,7 @@ from flexlease.errors import FlexleaseError, NotFound, PodSpecError, StoreError,
 from flexlease.logging import ctx
 from flexlease.sim import failures, metrics, objects, tide, tiering, traces
 from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient
-from flexlease.sim.scenario import Policy, Scenario
+from flexlease.sim.scenario import Policy, Scenario, assign_models
 from flexlease.store.base import JsonObj, Kind, Store
 
 log = logging.getLogger(__name__)
@@ -84,14 +84,39 @@ class SimPod:
     high: bool
     created: float
     seq: int
-    duration: float | None = None
     reclaim: bool = False
     pinned: str | None = None
     node: str | None = None
     devices: tuple[DeviceKey, ...] = ()
     bound_at: float | None = None
-    request: int | None = None
-    """Index of the LP pod's :class:`metrics.LpRequest`."""
+    job: int | None = None
+    """The LP job (gang) the pod belongs to (key of ``Simulation.lp_jobs``)."""
+
+
+@dataclass(slots=True)
+class LpJob:
+    """A low-priority job as a batch scheduler keeps it: a gang of pods (``sizes`` GPUs
+    each) that runs only when all are bound, retried with back-off while it does not fit,
+    and resubmitted (with the run time it has left, as from a checkpoint) when one of its
+    pods is evicted, preempted or killed."""
+
+    id: int
+    sizes: tuple[int, ...]
+    remaining: float
+    request: int
+    """Index of its :class:`metrics.LpRequest` (the first submission's)."""
+    submitted: float
+    model: str | None = None
+    """The GPU model it asks for (None: any)."""
+    pods: list[str] = field(default_factory=list)
+    started: float | None = None
+    attempts: int = 0
+    retry_at: float = 0.0
+    resubmissions: int = 0
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.sizes)
 
 
 @dataclass(slots=True)
@@ -112,10 +137,16 @@ class RunStats:
     preemption_attempts: int = 0
     preempted_lp_pods: int = 0
     evicted_by_controller: int = 0
-    withdrawn_lp_pods: int = 0
-    completed_lp_pods: int = 0
+    withdrawn_lp_jobs: int = 0
+    completed_lp_jobs: int = 0
+    lp_gang_rollbacks: int = 0
+    lp_resubmissions: int = 0
     double_allocations: int = 0
     assignment_mismatches: int = 0
+    job_pods_killed: int = 0
+    lp_pods_killed: int = 0
+    job_restarts: int = 0
+    job_interruption_s: float = 0.0
     settles: int = 0
     status_patches: int = 0
     controller_timeouts: int = 0
@@ -133,6 +164,8 @@ class Invariants:
     * ``unaccounted_scale_ups``: a scale-up whose lent GPUs were not all counted as the same
       device back, a standby supplement or missing (each counted on its own, from the
       lease's status and the job's pods);
+    * ``supplement_model_mismatch``: a standby supplement of another GPU model than the
+      lent GPU it replaces;
     * ``assignment_mismatches``: bind's ``assigned-gpus``/``nodeName`` disagree with the
       node chosen or the GPUs asked for.
     """
@@ -142,6 +175,7 @@ class Invariants:
         "gpu_held_twice",
         "lp_on_standby",
         "unaccounted_scale_ups",
+        "supplement_model_mismatch",
         "assignment_mismatches",
     )
 
@@ -190,6 +224,8 @@ class World:
     tide_source: str
     outages: dict[DeviceKey, tuple[failures.Interval, ...]]
     model: failures.FailureModel
+    gpu_models: dict[str, str]
+    """Node → GPU model (NVML product name)."""
 
 
 def general_nodes(scenario: Scenario) -> list[str]:
@@ -227,6 +263,14 @@ class Simulation:
         """Epoch seconds of simulated t = 0."""
         self.invariants = Invariants()
         self.reclaim_started: float | None = None
+        self.job_model = scenario.gpu_models[0][0] if scenario.mixed else None
+        """The GPU model the online job asks for (None: any, in a one-model cluster)."""
+        self.job_target = scenario.job_gpus
+        """GPUs the job's controller keeps pods for: its peak, or what is left after a
+        scale-down."""
+        self.pools: dict[str, Pool] = {}
+        """Each node's pool as the store had it at the last check (the lease controller
+        moves whole free nodes in and out of the standby pool)."""
         self.rng = random.Random(f"scheduler:{scenario.seed}")
         self.tiers = tiering.TierPolicy(window=scenario.tier_window, refresh=scenario.tier_refresh)
         self.general = general_nodes(scenario)
@@ -236,6 +280,8 @@ class Simulation:
         self.pods: dict[str, SimPod] = {}  # uid → pod (live: pending or bound)
         self.held: dict[DeviceKey, str] = {}  # device → uid
         self.requests: list[metrics.LpRequest] = []
+        self.lp_jobs: dict[int, LpJob] = {}
+        """LP jobs waiting or running (finished and withdrawn ones are dropped)."""
         self.samples: list[metrics.Sample] = []
         self.cycles: list[metrics.Cycle] = []
         self.stats = RunStats()
@@ -258,7 +304,15 @@ class Simulation:
     # ------------------------------------------------------------------ setup
 
     async def setup(self) -> None:
-        """Create every GPUNode with its status at t = 0, and the online job."""
+        """Create every GPUNode with its status at t = 0, and the online job. Raises
+        :class:`SimulationError` when the job's GPU model has fewer GPUs than the job."""
+        if self.job_model is not None:
+            room = sum(1 for n in self.general if self.world.gpu_models[n] == self.job_model)
+            if room * self.s.gpus_per_node < self.s.job_gpus:
+                raise SimulationError(
+                    f"the online job needs {self.s.job_gpus} {self.job_model} GPUs; the general"
+                    f" pool has {room * self.s.gpus_per_node}"
+                )
         for node in self.candidates:
             for i in range(self.s.gpus_per_node):
                 key = DeviceKey(node, i)
@@ -283,6 +337,7 @@ class Simulation:
                 tier=g.tier.tier,
                 availability=tiering.availability(g.outages, t, self.tiers),
                 computed_at=sim_time(g.tier.computed_at),
+                model=self.world.gpu_models[node],
             )
         idx = self.candidates.index(node)
         status = objects.gpunode_status(
@@ -297,33 +352,22 @@ class Simulation:
         self.dirty = True
 
     async def _deploy_online_job(self) -> None:
-        """Place the job at t = 0 on the general nodes with the most HA GPUs among those whose
-        GPUs are all healthy (ties by name): the operators' whitelist the paper mentions."""
-        per_node = self.s.gpus_per_node
-
-        def ha(n: str) -> int:
-            return sum(1 for i in range(per_node) if self.gpus[DeviceKey(n, i)].tier.tier is Tier.HA)
-
-        healthy = [
-            n for n in self.general if all(self.gpus[DeviceKey(n, i)].healthy for i in range(per_node))
-        ]
-        ranked = sorted(healthy, key=lambda n: (-ha(n), n))
-        remaining = self.s.job_gpus
-        for node in ranked:
-            if remaining <= 0:
-                break
-            n = min(per_node, remaining)
-            await self._create_job_pod(n, 0.0, pinned=node, reclaim=False)
-            remaining -= n
+        """Create the job at t = 0 as pods of whole nodes that may go anywhere, and schedule
+        them through the extender like any other job's: the placement is drawn, not picked,
+        so the job starts near the cluster's HA share (the paper: 74 %)."""
+        for size in traces.split_pods(self.s.job_gpus, self.s.gpus_per_node):
+            await self._create_job_pod(size, 0.0, pinned=None, reclaim=False)
         await self.settle()
         await self._schedule_round(0.0)
-        job = self._job_pods()
-        if sum(p.gpus for p in job if p.node) != self.s.job_gpus:
-            raise SimulationError(
-                f"initial placement of the online job failed: {sum(p.gpus for p in job if p.node)}"
-                f" of {self.s.job_gpus} GPUs bound"
-            )
-        self.static_set = tuple(d for p in job for d in p.devices)
+        self._note_static_set()
+
+    def _note_static_set(self) -> None:
+        """Remember the job's GPUs the first time it holds its full size (the "initial GPUs
+        kept" reference); pods that do not fit at t = 0 are retried every round."""
+        if not self.static_set:
+            devices = tuple(self._job_devices())
+            if len(devices) >= self.s.job_gpus:
+                self.static_set = devices
 
     # ------------------------------------------------------------------ time
 
@@ -382,6 +426,7 @@ class Simulation:
             reliability=self.s.online_reliability,
             reclaim=reclaim,
             pin_nodes=(pinned,) if pinned else (),
+            gpu_type=self.job_model,
         )
         return await self._create_pod(obj, t=t, gpus=gpus, high=True, reclaim=reclaim, pinned=pinned)
 
@@ -403,17 +448,19 @@ class Simulation:
             await self.store.delete(Kind.POD, pod.name, namespace=pod.namespace)
         self._release(pod)
 
-    async def reconcile_pods(self) -> int:
-        """Drop pods the store no longer has (evicted by the lease controller). Returns how
-        many LP pods were found gone."""
+    async def reconcile_pods(self, t: float) -> int:
+        """Drop pods the store no longer has (evicted by the lease controller); their LP
+        jobs are resubmitted. Returns how many bound LP pods were found gone."""
         listed = await self.store.list(Kind.POD)
         present = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in listed.items}
         gone = 0
         for pod in list(self.pods.values()):
-            if (pod.namespace, pod.name) not in present:
+            if pod.uid in self.pods and (pod.namespace, pod.name) not in present:
                 if not pod.high and pod.node is not None:
                     gone += 1
                 self._release(pod)
+                if not pod.high:
+                    await self._lp_pod_lost(pod, t)
         self.stats.evicted_by_controller += gone
         return gone
 
@@ -421,24 +468,65 @@ class Simulation:
 
     async def _schedule_round(self, t: float, *, only_high: bool = False) -> None:
         """One pass over the pending pods (``only_high``: the job's only), high priority first,
-        then oldest. Within a round no capacity is freed, so after an LP pod of k GPUs fits
-        nowhere, LP pods of k or more GPUs are not tried again this round."""
+        then oldest; an LP job's pods are tried together as a gang (:meth:`_schedule_gang`).
+        Within a round no capacity is freed, so after an LP gang of k GPUs does not fit,
+        gangs of k or more GPUs are not tried again this round."""
         pending = sorted(
             (p for p in self.pods.values() if p.node is None and (p.high or not only_high)),
             key=lambda p: (not p.high, p.created, p.seq),
         )
-        lp_floor = None
+        lp_floor: dict[str | None, int] = {}
+        tried: set[int] = set()
         for pod in pending:
-            if pod.uid not in self.pods:
-                continue  # preempted meanwhile (cannot happen to pending pods, kept for safety)
-            if not pod.high and lp_floor is not None and pod.gpus >= lp_floor:
+            if pod.uid not in self.pods or pod.node is not None:
+                continue  # rolled back or bound with its gang meanwhile
+            if pod.high:
+                await self._schedule_high(pod, t)
                 continue
-            outcome = await self._schedule_one(pod, t)
-            if outcome == "preempted":
-                await self.settle()
-                outcome = await self._schedule_one(pod, t, may_preempt=False)
-            if outcome != "bound" and not pod.high:
-                lp_floor = pod.gpus if lp_floor is None else min(lp_floor, pod.gpus)
+            job = self.lp_jobs.get(pod.job if pod.job is not None else -1)
+            if job is None or job.id in tried:
+                continue
+            tried.add(job.id)
+            floor = lp_floor.get(job.model)
+            if floor is not None and job.gpus >= floor:
+                continue
+            if not await self._schedule_gang(job, t):
+                lp_floor[job.model] = job.gpus if floor is None else min(floor, job.gpus)
+
+    async def _schedule_high(self, pod: SimPod, t: float) -> None:
+        outcome = await self._schedule_one(pod, t)
+        if outcome == "preempted":
+            await self.settle()
+            await self._schedule_one(pod, t, may_preempt=False)
+
+    async def _schedule_gang(self, job: LpJob, t: float) -> bool:
+        """Bind every pending pod of ``job``; when one does not fit, delete them all (the
+        bound ones release their GPUs) and retry the job after its back-off. True when the
+        whole gang runs."""
+        for uid in list(job.pods):
+            pod = self.pods.get(uid)
+            if pod is None or pod.node is not None:
+                continue
+            if await self._schedule_one(pod, t) != "bound":
+                await self._drop_gang(job)
+                job.attempts += 1
+                job.retry_at = t + min(self.s.lp_retry_max, self.s.lp_retry_base * 2 ** (job.attempts - 1))
+                self.stats.lp_gang_rollbacks += 1
+                return False
+            await self.settle()
+        job.started = t
+        r = self.requests[job.request]
+        if r.bound is None:
+            self.requests[job.request] = metrics.LpRequest(r.arrival, r.gpus, t)
+        return True
+
+    async def _drop_gang(self, job: LpJob) -> None:
+        for uid in job.pods:
+            pod = self.pods.get(uid)
+            if pod is not None:
+                await self._delete_pod(pod)
+        job.pods = []
+        job.started = None
 
     def _may_preempt(self, pod: SimPod) -> bool:
         if not pod.high:
@@ -461,10 +549,13 @@ class Simulation:
                     return "preempted"
                 self._ok()
                 return "unschedulable"
-            scores = await self.client.prioritize(pod.obj, passed)
-            by_host = {s.host: s.score for s in scores}
-            best = max(by_host.get(n, 0) for n in passed)
-            host = self.rng.choice(sorted(n for n in passed if by_host.get(n, 0) == best))
+            if len(passed) == 1:
+                host = passed[0]  # kube-scheduler scores nothing when one node is feasible
+            else:
+                scores = await self.client.prioritize(pod.obj, passed)
+                by_host = {s.host: s.score for s in scores}
+                best = max(by_host.get(n, 0) for n in passed)
+                host = self.rng.choice(sorted(n for n in passed if by_host.get(n, 0) == best))
             error = await self.client.bind(pod.namespace, pod.name, uid=pod.uid, node=host)
         except ExtenderCallError as exc:
             self._error(f"{pod.namespace}/{pod.name}: {exc}")
@@ -512,19 +603,16 @@ class Simulation:
         for d in devices:
             other = self.held.get(d)
             if other is not None and other != pod.uid and other in self.pods:
-                await self._check_holder(self.pods[other], d, pod)
+                await self._check_holder(self.pods[other], d, pod, t)
             self.held[d] = pod.uid
         pod.node = host
         pod.devices = devices
         pod.bound_at = t
         pod.obj = obj
         self.stats.bound["high" if pod.high else "low"] += 1
-        if pod.request is not None:
-            r = self.requests[pod.request]
-            self.requests[pod.request] = metrics.LpRequest(r.arrival, r.gpus, t)
         await self._set_phase(pod, "Running")
 
-    async def _check_holder(self, holder: SimPod, device: DeviceKey, new: SimPod) -> None:
+    async def _check_holder(self, holder: SimPod, device: DeviceKey, new: SimPod, t: float) -> None:
         """``device`` was just bound to ``new`` while the driver still has ``holder`` on it:
         fine if the store no longer has ``holder`` (the lease controller evicted it since the
         driver last looked), a double allocation if it still holds the device."""
@@ -535,6 +623,8 @@ class Simulation:
             self.stats.evicted_by_controller += int(not holder.high)
             if self.cycles:
                 self.cycles[-1].lp_pods_evicted += int(not holder.high)
+            if not holder.high:
+                await self._lp_pod_lost(holder, t)
             return
         raw = (obj["metadata"].get("annotations") or {}).get(keys.ANN_ASSIGNED_GPUS)
         phase = (obj.get("status") or {}).get("phase")
@@ -587,6 +677,7 @@ class Simulation:
                 self.stats.notes.append(f"eviction of {victim.name} refused by a PodDisruptionBudget")
                 continue
             self._release(victim)
+            await self._lp_pod_lost(victim, t)
             self.stats.preempted_lp_pods += 1
             if self.cycles and self.cycles[-1].up_at is not None and self.cycles[-1].restored_at is None:
                 self.cycles[-1].lp_pods_preempted += 1
@@ -604,11 +695,15 @@ class Simulation:
         if refresh:
             self.last_refresh = t
         lo = t - self.s.tick
+        failed: list[DeviceKey] = []
         for key, g in self.gpus.items():
             healthy = not failures.is_down(g.outages, t)
+            hit = failures.downtime(g.outages, lo, t) > 0
+            if hit:
+                failed.append(key)
             if refresh:
                 tier = tiering.refreshed(g.outages, t, self.tiers)
-            elif not healthy or healthy != g.healthy or failures.downtime(g.outages, lo, t) > 0:
+            elif not healthy or healthy != g.healthy or hit:
                 tier = tiering.downgraded(g.tier, g.outages, t, self.tiers)
             else:
                 tier = g.tier
@@ -618,51 +713,130 @@ class Simulation:
             g.tier = tier
         for node in sorted(changed):
             await self._patch_node_status(node, t)
+        for key in failed:
+            await self._kill_holder(key, t)
+
+    async def _kill_holder(self, key: DeviceKey, t: float) -> None:
+        """A GPU failed during the last tick: the process on it dies, so the pod holding it
+        ends ``Failed`` and is deleted (its controller, the job's or the batch scheduler,
+        replaces it)."""
+        uid = self.held.get(key)
+        pod = self.pods.get(uid or "")
+        if pod is None:
+            return
+        await self._set_phase(pod, "Failed")
+        await self._delete_pod(pod)
+        if pod.high:
+            self.stats.job_pods_killed += 1
+            self._interrupt(t, reason=f"GPU {key} failed under {pod.name}")
+        else:
+            self.stats.lp_pods_killed += 1
+            await self._lp_pod_lost(pod, t)
 
     # ------------------------------------------------------------------ LP workload
 
     async def lp_arrivals(self, t: float) -> None:
-        """Create the LP pods arriving up to ``t`` (pending; each records an LpRequest)."""
+        """Submit the LP jobs arriving up to ``t`` (the trace's pods of one job, arriving
+        together, form its gang; each job records one :class:`metrics.LpRequest`), and
+        resubmit the jobs whose back-off is over."""
         arrivals = self.world.arrivals
         while self.arrival_idx < len(arrivals) and arrivals[self.arrival_idx].time <= t:
-            a = arrivals[self.arrival_idx]
-            self.arrival_idx += 1
+            first = arrivals[self.arrival_idx]
+            sizes = []
+            while (
+                self.arrival_idx < len(arrivals)
+                and arrivals[self.arrival_idx].job == first.job
+                and arrivals[self.arrival_idx].time == first.time
+            ):
+                sizes.append(arrivals[self.arrival_idx].gpus)
+                self.arrival_idx += 1
+            self.requests.append(metrics.LpRequest(first.time, sum(sizes), None))
+            job = LpJob(
+                id=len(self.requests),
+                sizes=tuple(sizes),
+                remaining=first.duration,
+                request=len(self.requests) - 1,
+                submitted=first.time,
+                model=self._lp_model(len(self.requests)),
+            )
+            self.lp_jobs[job.id] = job
+            await self._submit(job, first.time)
+        for job in list(self.lp_jobs.values()):
+            if not job.pods and job.retry_at <= t:
+                await self._submit(job, t)
+
+    def _lp_model(self, job: int) -> str | None:
+        """The model LP job ``job`` asks for: drawn by the shares (seeded per job)."""
+        if not self.s.mixed:
+            return None
+        models = [m for m, _ in self.s.gpu_models]
+        weights = [w for _, w in self.s.gpu_models]
+        return random.Random(f"lp-model:{self.s.seed}:{job}").choices(models, weights)[0]
+
+    async def _submit(self, job: LpJob, t: float) -> None:
+        for size in job.sizes:
             obj = objects.pod(
-                f"lp-{a.job:07d}-{self.arrival_idx:07d}",
+                f"lp-{job.id:07d}-{self.seq + 1:07d}",
                 LP_NAMESPACE,
-                gpus=a.gpus,
+                gpus=size,
                 priority=keys.PRIORITY_LOW,
-                owner=f"job-{a.job}",
+                owner=f"job-{job.id}",
+                gpu_type=job.model,
             )
-            self.requests.append(metrics.LpRequest(a.time, a.gpus, None))
-            await self._create_pod(
-                obj, t=a.time, gpus=a.gpus, high=False, duration=a.duration, request=len(self.requests) - 1
-            )
+            pod = await self._create_pod(obj, t=t, gpus=size, high=False, job=job.id)
+            job.pods.append(pod.uid)
+
+    async def _lp_pod_lost(self, pod: SimPod, t: float) -> None:
+        """One pod of an LP job is gone (evicted, preempted, killed with its GPU): the batch
+        scheduler stops the rest of the gang and resubmits the job with the run time it has
+        left; a job still waiting for its gang only retries."""
+        job = self.lp_jobs.get(pod.job if pod.job is not None else -1)
+        if job is None or pod.uid not in job.pods:
+            return
+        if job.started is not None:
+            job.remaining = max(0.0, job.remaining - (t - job.started))
+            job.resubmissions += 1
+            self.stats.lp_resubmissions += 1
+            job.attempts = 0
+            job.retry_at = t
+            job.submitted = t
+        await self._drop_gang(job)
 
     async def lp_completions(self, t: float) -> None:
-        """Finish LP pods whose run time is over (Succeeded, then deleted) and withdraw pending
-        ones older than the patience (deleted; their request stays unfulfilled)."""
-        for pod in [p for p in self.pods.values() if not p.high]:
-            if pod.node is not None and pod.duration is not None and pod.bound_at is not None:
-                if pod.bound_at + pod.duration <= t:
-                    await self._set_phase(pod, "Succeeded")
-                    await self._delete_pod(pod)
-                    self.stats.completed_lp_pods += 1
-            elif pod.node is None and t - pod.created > self.s.lp_patience:
-                await self._delete_pod(pod)
-                self.stats.withdrawn_lp_pods += 1
+        """Finish the LP jobs whose run time is over (every pod Succeeded, then deleted) and
+        withdraw those waiting longer than ``lp_max_wait`` since their (re)submission
+        (their request stays unfulfilled if it never ran)."""
+        for job in list(self.lp_jobs.values()):
+            if job.started is not None and job.started + job.remaining <= t:
+                for uid in job.pods:
+                    pod = self.pods.get(uid)
+                    if pod is not None:
+                        await self._set_phase(pod, "Succeeded")
+                        await self._delete_pod(pod)
+                job.pods = []
+                del self.lp_jobs[job.id]
+                self.stats.completed_lp_jobs += 1
+            elif job.started is None and t - job.submitted > self.s.lp_max_wait:
+                await self._drop_gang(job)
+                del self.lp_jobs[job.id]
+                self.stats.withdrawn_lp_jobs += 1
 
     # ------------------------------------------------------------------ online job
 
     async def scale(self, t: float) -> None:
-        """Apply the scale policy to the tide's demand at ``t``: scale down or up when it says so."""
+        """Apply the scale policy to the tide's demand at ``t``: scale down or up when it
+        says so (never with :attr:`Policy.STATIC`); each scale event restarts the job."""
+        if self.policy is Policy.STATIC:
+            return
         target = tide.decide(self.size, self.world.tide.demand(t), self.policy_kind)
         if target is self.size:
             return
         self.size = target
+        self._interrupt(t, reason=f"scale to {target.name}")
         if target is tide.Scale.HALF:
             await self._scale_down(t)
         else:
+            self.job_target = self.s.job_gpus
             await self._scale_up(t)
 
     async def _scale_down(self, t: float) -> None:
@@ -684,6 +858,7 @@ class Simulation:
             chosen.append(pod)
             count += pod.gpus
         devices = [d for p in chosen for d in p.devices]
+        self.job_target = self.s.job_gpus - sum(p.gpus for p in chosen)
         for pod in self._job_pods():  # pending scale-up leftovers are dropped too
             if pod.node is None:
                 await self._delete_pod(pod)
@@ -788,7 +963,7 @@ class Simulation:
         assert self.reclaim_name is not None and self.reclaim_started is not None
         cycle = self.cycles[-1] if self.cycles else None
         await self.settle()
-        evicted = await self.reconcile_pods()
+        evicted = await self.reconcile_pods(t)
         if cycle is not None:
             cycle.lp_pods_evicted += evicted
         obj = await self._reclaim_lease()
@@ -834,27 +1009,41 @@ class Simulation:
         return out
 
     async def _pin_reclaim_pods(self, t: float) -> None:
-        """Keep one pending reclaim pod per node, pinned there, sized to the job's unheld tags."""
+        """Keep one pending reclaim pod per node, pinned there, sized to the job's unheld tags,
+        never beyond the job's size (``job_target``)."""
         wanted = {n: len(ix) for n, ix in (await self._owner_tags()).items()}
         for pod in [p for p in self._job_pods() if p.node is None and p.reclaim]:
             if pod.pinned is None or wanted.get(pod.pinned) != pod.gpus:
                 await self._delete_pod(pod)
             else:
                 wanted.pop(pod.pinned)
+        room = self.job_target - sum(p.gpus for p in self._job_pods())
         for node, n in sorted(wanted.items()):
             for size in traces.split_pods(n, self.s.gpus_per_node):
+                if size > room:
+                    return
                 await self._create_job_pod(size, t, pinned=node, reclaim=True)
+                room -= size
 
     async def _fill_job(self, t: float) -> None:
-        """Create pods for the rest of the job's peak size: pinned reclaim pods for GPUs still
-        tagged for it (right-of-return), then unpinned pods of whole nodes for the remainder."""
-        if self.policy is Policy.ROR:
+        """The job's controller: create pods for the rest of its current size
+        (``job_target``): at full size with right-of-return, pinned reclaim pods for GPUs
+        still tagged for it, then unpinned pods of whole nodes for the remainder."""
+        if self.policy is Policy.ROR and self.size is tide.Scale.FULL:
             await self._pin_reclaim_pods(t)
         have = sum(p.gpus for p in self._job_pods())
-        missing = self.s.job_gpus - have
+        missing = self.job_target - have
         if missing > 0:
             for size in traces.split_pods(missing, self.s.gpus_per_node):
                 await self._create_job_pod(size, t, pinned=None, reclaim=False)
+
+    def _interrupt(self, t: float, *, reason: str) -> None:
+        """The job restarts: in situ with right-of-return (the paper's pipeline), a full
+        restart otherwise; the cost is counted as interruption time."""
+        cost = self.s.restart_in_situ_s if self.policy is Policy.ROR else self.s.restart_full_s
+        self.stats.job_restarts += 1
+        self.stats.job_interruption_s += cost
+        log.debug("job restart", extra=ctx(t=t, reason=reason, seconds=cost))
 
     def _account_cycle(self, cycle: metrics.Cycle) -> None:
         """Count, for the cycle, the released GPUs the job holds again and, with
@@ -878,6 +1067,17 @@ class Simulation:
             )
             for s in status.get("supplementedFromStandby") or []
         }
+        cycle.supplement_model_mismatches = [
+            f"{original} supplemented by {replacement}"
+            for original, replacement in supplements.items()
+            if self.world.gpu_models.get(original.node) != self.world.gpu_models.get(replacement.node)
+        ]
+        # Lent GPUs the job's own pods took back before the scale-up (a replacement after a
+        # failure may land on them) lose their tag and are no longer the Reclaim's business.
+        targets = [DeviceKey(d["node"], int(d["index"])) for d in status.get("lent") or []]
+        claimed = set(targets) if status.get("lent") is not None else set(lent)
+        cycle.returned_before_reclaim = sum(1 for d in lent if d not in claimed)
+        lent = [d for d in lent if d in claimed]
         cycle.reclaimed_same = sum(1 for d in lent if d in held)
         cycle.supplemented = sum(1 for d in lent if d not in held and supplements.get(d) in held)
         cycle.missing = sum(1 for d in lent if d not in held and supplements.get(d) not in held)
@@ -897,15 +1097,15 @@ class Simulation:
 
     def sample(self, t: float) -> None:
         """Record the hourly :class:`metrics.Sample` at ``t``."""
+        self._note_static_set()
         job = self._job_devices()
         ha = sum(1 for d in job if self.gpus[d].tier.tier is Tier.HA)
-        general_set = set(self.general)
-        general = [k for k in self.gpus if k.node in general_set]
-        cluster_ha = sum(1 for k in general if self.gpus[k].tier.tier is Tier.HA) / len(general)
+        standby = {n for n, pool in self.pools.items() if pool is Pool.STANDBY}
+        general = [k for k in self.gpus if k.node not in standby]
+        cluster_ha = sum(1 for k in general if self.gpus[k].tier.tier is Tier.HA) / max(1, len(general))
         static_ha = sum(1 for d in self.static_set if self.gpus[d].tier.tier is Tier.HA) / max(
             1, len(self.static_set)
         )
-        standby = set(self.standby)
         self.samples.append(
             metrics.Sample(
                 t=t,
@@ -922,49 +1122,61 @@ class Simulation:
 
     # ------------------------------------------------------------------ main loop
 
-    async def check_invariants(self, t: float) -> None:
-        """Check every :class:`Invariants` item against the store (pods' ``assigned-gpus``,
-        GPUNodes' pools) and the driver's records; count each violation."""
+    async def check_invariants(self, t: float, *, full: bool = True) -> None:
+        """Check every :class:`Invariants` item and count each violation: pools from the
+        store's GPUNodes; holdings from every live pod's ``assigned-gpus`` in the store
+        (``full``; hourly) or from the pods the driver runs, as it read them back after bind
+        (every tick)."""
         inv = self.invariants
         inv.checks += 1
         job = sum(len(p.devices) for p in self._job_pods())
         if job > self.s.job_gpus:
             inv.violated("job_above_peak", f"t={t:g}: the job holds {job} GPUs, peak {self.s.job_gpus}")
-        standby_nodes = {
-            o["metadata"]["name"]
+        self.pools = {
+            o["metadata"]["name"]: Pool((o.get("spec") or {}).get("pool") or Pool.GENERAL.value)
             for o in (await self.store.list(Kind.GPUNODE)).items
-            if ((o.get("spec") or {}).get("pool") or Pool.GENERAL.value) == Pool.STANDBY.value
         }
+        standby_nodes = {n for n, pool in self.pools.items() if pool is Pool.STANDBY}
+        holdings: list[tuple[str, bool, tuple[DeviceKey, ...]]] = []
+        if full:  # every live pod in the store, by its assigned-gpus annotation
+            for obj in (await self.store.list(Kind.POD)).items:
+                meta = obj["metadata"]
+                raw = (meta.get("annotations") or {}).get(keys.ANN_ASSIGNED_GPUS)
+                if not raw or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    continue
+                try:
+                    devices = Assignment.parse(str(raw)).devices
+                except PodSpecError:
+                    continue
+                labels = meta.get("labels") or {}
+                high = labels.get(keys.LABEL_PRIORITY) == keys.PRIORITY_HIGH
+                holdings.append((f"{meta['namespace']}/{meta['name']}", high, devices))
+        else:  # the pods the simulator runs, with the assignment it read back after bind
+            holdings = [(f"{p.namespace}/{p.name}", p.high, p.devices) for p in self.pods.values() if p.node]
         holders: dict[DeviceKey, str] = {}
-        for obj in (await self.store.list(Kind.POD)).items:
-            meta = obj["metadata"]
-            raw = (meta.get("annotations") or {}).get(keys.ANN_ASSIGNED_GPUS)
-            if not raw or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            name = f"{meta['namespace']}/{meta['name']}"
-            try:
-                devices = Assignment.parse(str(raw)).devices
-            except PodSpecError:
-                continue
-            low = (meta.get("labels") or {}).get(keys.LABEL_PRIORITY, keys.PRIORITY_LOW) != keys.PRIORITY_HIGH
+        for name, high, devices in holdings:
             for d in devices:
                 if d in holders:
                     inv.violated("gpu_held_twice", f"t={t:g}: {d} held by {holders[d]} and {name}")
                 holders[d] = name
-                if low and d.node in standby_nodes:
+                if not high and d.node in standby_nodes:
                     inv.violated("lp_on_standby", f"t={t:g}: {name} holds {d} on a standby node")
         for c in self.cycles:
             if c.restored_at is not None and not c.unaccounted_checked:
                 c.unaccounted_checked = True
                 if not c.accounted or (
                     self.policy is Policy.ROR
-                    and c.reclaimed_same + c.supplemented + c.missing != c.lent_tagged
+                    and c.returned_before_reclaim + c.reclaimed_same + c.supplemented + c.missing
+                    != c.lent_tagged
                 ):
                     inv.violated(
                         "unaccounted_scale_ups",
-                        f"cycle scaled up at t={c.up_at}: lent {c.lent_tagged} = same {c.reclaimed_same}"
+                        f"cycle scaled up at t={c.up_at}: lent {c.lent_tagged} = back early"
+                        f" {c.returned_before_reclaim} + same {c.reclaimed_same}"
                         f" + supplemented {c.supplemented} + missing {c.missing}? accounted={c.accounted}",
                     )
+                for detail in c.supplement_model_mismatches:
+                    inv.violated("supplement_model_mismatch", detail)
 
     async def run(self) -> None:
         """Set up, then tick until the horizon. Raises :class:`SimulationError` when the
@@ -983,15 +1195,15 @@ class Simulation:
                 await self.scale(t)
                 await self.lp_arrivals(t)
                 if t % 3600 == 0:
-                    await self.reconcile_pods()
-                if self.size is tide.Scale.FULL and sum(p.gpus for p in self._job_pods()) < self.s.job_gpus:
+                    await self.reconcile_pods(t)
+                if sum(p.gpus for p in self._job_pods()) < self.job_target:
                     await self._fill_job(t)  # the job's controller replaces what it lost
                 if self.dirty or any(p.node is None for p in self.pods.values()):
                     await self.settle()
                     self.dirty = False
                     await self._schedule_round(t)
                 self.check_restored(t)
-                await self.check_invariants(t)
+                await self.check_invariants(t, full=t % 3600 == 0)
                 if t % 3600 == 0:
                     self.sample(t)
                 if k % (ticks // 20 or 1) == 0:
@@ -1028,6 +1240,11 @@ class Simulation:
             "policy": self.policy.value,
             "invariants": self.invariants.as_dict(),
             "ha_share": metrics.ha_share_summary(self.samples),
+            "job": {
+                "restarts": self.stats.job_restarts,
+                "interruption_hours": round(self.stats.job_interruption_s / 3600, 3),
+                "pods_killed_by_gpu_failures": self.stats.job_pods_killed,
+            },
             "lp_fulfilment": {
                 "overall": metrics.overall_fulfilment(self.requests, patience=s.lp_patience, since=since),
                 "trough_00_06": metrics.overall_fulfilment(
@@ -1040,6 +1257,13 @@ class Simulation:
                     self.requests, patience=s.lp_patience, since=since
                 ),
                 "requests": sum(1 for r in self.requests if r.arrival >= since),
+                "days": round((s.horizon - since) / traces.DAY, 4),
+                "requested_gpus_by_hour": metrics.gpus_by_hour(
+                    self.requests, patience=s.lp_patience, since=since
+                )[0],
+                "granted_gpus_by_hour": metrics.gpus_by_hour(
+                    self.requests, patience=s.lp_patience, since=since
+                )[1],
             },
             "reclaim": metrics.cycle_summary(self.cycles),
             "standby": {
@@ -1056,8 +1280,12 @@ class Simulation:
                 "preemption_attempts": self.stats.preemption_attempts,
                 "preempted_lp_pods": self.stats.preempted_lp_pods,
                 "lp_pods_evicted_by_controller": self.stats.evicted_by_controller,
-                "lp_pods_completed": self.stats.completed_lp_pods,
-                "lp_pods_withdrawn": self.stats.withdrawn_lp_pods,
+                "lp_jobs_completed": self.stats.completed_lp_jobs,
+                "lp_jobs_withdrawn": self.stats.withdrawn_lp_jobs,
+                "lp_gang_rollbacks": self.stats.lp_gang_rollbacks,
+                "lp_resubmissions": self.stats.lp_resubmissions,
+                "lp_pods_killed_by_gpu_failures": self.stats.lp_pods_killed,
+                "job_pods_killed_by_gpu_failures": self.stats.job_pods_killed,
                 "double_allocations": self.stats.double_allocations,
                 "assignment_mismatches": self.stats.assignment_mismatches,
                 "gpunode_status_patches": self.stats.status_patches,
@@ -1134,11 +1362,15 @@ def build_world(scenario: Scenario) -> World:
             outages[DeviceKey(node, i)] = failures.outages(
                 model, node, i, seed=s.seed, start=-s.tier_window - traces.DAY, end=s.horizon + s.tick
             )
-    return World(tuple(arrivals), lp_source, the_tide, tide_source, outages, model)
+    gpu_models = assign_models(general_nodes(s), s.gpu_models) | assign_models(standby_nodes(s), s.gpu_models)
+    return World(tuple(arrivals), lp_source, the_tide, tide_source, outages, model, gpu_models)
 
 
 def iter_policies(choice: str) -> Iterable[Policy]:
-    """``both`` → ror then plain; otherwise that one policy. Raises ``ValueError``."""
+    """``all`` → ror, plain, static; ``both`` → ror then plain; otherwise that one policy.
+    Raises ``ValueError``."""
+    if choice == "all":
+        return (Policy.ROR, Policy.PLAIN, Policy.STATIC)
     if choice == "both":
         return (Policy.ROR, Policy.PLAIN)
     return (Policy(choice),)

@@ -60,6 +60,7 @@ class Cycle:
     up_at: float | None = None
     lent_tagged: int = 0
     lent_untagged: int = 0
+    returned_before_reclaim: int = 0
     reclaimed_same: int = 0
     supplemented: int = 0
     missing: int = 0
@@ -70,6 +71,7 @@ class Cycle:
     reclaim_s: float | None = None
     accounted: bool = False
     unaccounted_checked: bool = False
+    supplement_model_mismatches: list[str] = field(default_factory=list)
     restored_at: float | None = None
     lp_pods_evicted: int = 0
     lp_pods_preempted: int = 0
@@ -104,6 +106,23 @@ def fulfilment_by_hour(
         if r.bound is not None and r.bound - r.arrival <= patience:
             granted[h] += r.gpus
     return [g / a if a else None for g, a in zip(granted, asked, strict=True)]
+
+
+def gpus_by_hour(
+    requests: Sequence[LpRequest], *, patience: float, since: float = 0.0
+) -> tuple[list[int], list[int]]:
+    """Per hour of day of the request (24 entries): GPUs requested and GPUs granted within
+    ``patience`` seconds, summed over the requests from ``since`` on."""
+    asked = [0] * 24
+    granted = [0] * 24
+    for r in requests:
+        if r.arrival < since:
+            continue
+        h = int((r.arrival % DAY) // 3600)
+        asked[h] += r.gpus
+        if r.bound is not None and r.bound - r.arrival <= patience:
+            granted[h] += r.gpus
+    return asked, granted
 
 
 def overall_fulfilment(
@@ -158,6 +177,7 @@ def cycle_summary(cycles: Sequence[Cycle]) -> dict[str, Any]:
         "released_gpus": sum(c.released for c in done),
         "lent_tagged": sum(c.lent_tagged for c in done),
         "lent_untagged": sum(c.lent_untagged for c in done),
+        "returned_before_reclaim": sum(c.returned_before_reclaim for c in done),
         "reclaimed_same": sum(c.reclaimed_same for c in done),
         "supplemented": sum(c.supplemented for c in done),
         "missing": sum(c.missing for c in done),

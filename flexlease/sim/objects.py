@@ -22,6 +22,8 @@ from flexlease.store.base import JsonObj
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 SIM_MODEL: Final = "NVIDIA H20"
 SIM_MEMORY_MIB: Final = 97871
+MEMORY_MIB: Final = {"NVIDIA H20": 97871, "NVIDIA H100 80GB HBM3": 81559, "NVIDIA A100-SXM4-80GB": 81920}
+"""``memory.total`` NVML reports for the models the simulator knows (others: :data:`SIM_MEMORY_MIB`)."""
 HIGH_PRIORITY_VALUE: Final = 1000
 LOW_PRIORITY_VALUE: Final = 0
 AGENT_VERSION: Final = "flexlease-sim"
@@ -52,12 +54,13 @@ def device_status(
     tier: Tier,
     availability: resources.Availability,
     computed_at: datetime,
+    model: str = SIM_MODEL,
 ) -> resources.DeviceStatus:
-    """One device as the node agent reports it."""
+    """One device as the node agent reports it (``model``: NVML's product name)."""
     return resources.DeviceStatus(
         uuid=gpu_uuid(node, index),
-        model=SIM_MODEL,
-        memory_mib=SIM_MEMORY_MIB,
+        model=model,
+        memory_mib=MEMORY_MIB.get(model, SIM_MEMORY_MIB),
         health=resources.Health.HEALTHY if healthy else resources.Health.UNHEALTHY,
         reason=None if healthy else "simulated outage",
         availability=availability,
@@ -94,11 +97,13 @@ def pod(
     reliability: Tier = Tier.LA,
     reclaim: bool = False,
     pin_nodes: Sequence[str] = (),
+    gpu_type: str | None = None,
     image: str = "registry.local/train:1",
     gpu_resource: str = keys.DEFAULT_GPU_RESOURCE,
 ) -> JsonObj:
     """A pending pod requesting ``gpus`` GPUs. ``owner`` is the job name (the label value; the
-    namespace completes it to ``<ns>/<job>``); ``pin_nodes`` adds a required hostname affinity."""
+    namespace completes it to ``<ns>/<job>``); ``pin_nodes`` adds a required hostname affinity;
+    ``gpu_type`` asks for that GPU model (the ``gpu-type`` annotation)."""
     if gpus < 1:
         raise ValueError("gpus must be >= 1")
     if priority not in (keys.PRIORITY_HIGH, keys.PRIORITY_LOW):
@@ -107,6 +112,8 @@ def pod(
     annotations = {keys.ANN_RELIABILITY: reliability.value}
     if reclaim:
         annotations[keys.ANN_RECLAIM] = "true"
+    if gpu_type:
+        annotations[keys.ANN_GPU_TYPE] = gpu_type
     high = priority == keys.PRIORITY_HIGH
     spec: dict[str, Any] = {
         "schedulerName": keys.DEFAULT_SCHEDULER_NAME,

@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 
 from flexlease.sim.traces import DAY
 
-COLORS = {"ror": "tab:green", "plain": "tab:red"}
-LABELS = {"ror": "right-of-return", "plain": "plain leasing"}
+COLORS = {"ror": "tab:green", "plain": "tab:red", "static": "tab:blue"}
+LABELS = {"ror": "right-of-return", "plain": "plain leasing", "static": "no scaling"}
 
 
 def write_json(report: dict[str, Any], out: Path, name: str = "report.json") -> Path:
@@ -44,7 +44,14 @@ def _daily(samples: list[dict[str, Any]], key: str, *, full_only: bool) -> tuple
 
 
 def plot(report: dict[str, Any], out: Path) -> list[Path]:
-    """Write the two PNGs; returns their paths. Policies that failed are left out."""
+    """Write the two PNGs; returns their paths. Policies that failed are left out.
+
+    ``ha_share.png``: per policy the daily mean, at full size, of the share of the online
+    job's GPUs in the HA tier, and the cluster's share for reference (the job's initial GPUs
+    too when no ``static`` run is there), reference lines cut at the last day with policy
+    data. ``lp_fulfilment.png``: per hour of day, the GPUs LP jobs requested (outline, mean
+    per day) and the GPUs granted within the patience per policy (bars); hours without
+    requests stay empty."""
     policies = {k: v for k, v in report["policies"].items() if v.get("samples")}
     paths: list[Path] = []
 
@@ -52,22 +59,37 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     reference: list[dict[str, Any]] = []
+    last_x = 0.0
     for name, section in policies.items():
         xs, ys = _daily(section["samples"], "job_ha_share", full_only=True)
         ax.plot(
             xs, [100 * y for y in ys], color=COLORS.get(name), label=f"online job, {LABELS.get(name, name)}"
         )
+        last_x = max([last_x, *xs])
         reference = section["samples"]
     if reference:
-        xs, ys = _daily(reference, "static_ha_share", full_only=False)
-        ax.plot(
-            xs, [100 * y for y in ys], color="tab:blue", linestyle=":", label="initial GPUs kept (no scaling)"
-        )
+        if "static" not in policies:
+            xs, ys = _daily(reference, "static_ha_share", full_only=False)
+            kept = [(x, y) for x, y in zip(xs, ys, strict=True) if x <= last_x]
+            ax.plot(
+                [x for x, _ in kept],
+                [100 * y for _, y in kept],
+                color="tab:blue",
+                linestyle=":",
+                label="online job's initial GPUs",
+            )
         xs, ys = _daily(reference, "cluster_ha_share", full_only=False)
-        ax.plot(xs, [100 * y for y in ys], color="grey", linestyle="--", label="cluster average")
+        kept = [(x, y) for x, y in zip(xs, ys, strict=True) if x <= last_x]
+        ax.plot(
+            [x for x, _ in kept],
+            [100 * y for _, y in kept],
+            color="grey",
+            linestyle="--",
+            label="whole cluster (general pool)",
+        )
     ax.set_xlabel("simulated day")
-    ax.set_ylabel("HA share of the online job's GPUs (%)")
-    ax.set_title("HA share over time (cf. WeFlex Fig. 14), daily means at peak size")
+    ax.set_ylabel("GPUs in the HA tier (% of the group's GPUs)")
+    ax.set_title("HA share over time (cf. WeFlex Fig. 14); daily means, job at peak size")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
@@ -78,20 +100,37 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     fig = Figure(figsize=(8, 4.2))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    width = 0.4
+    n = max(1, len(policies))
+    width = 0.8 / n
+    asked_drawn = False
     for k, (name, section) in enumerate(policies.items()):
-        by_hour = section["lp_fulfilment"]["by_hour_of_day"]
-        xs = [h + (k - 0.5) * width for h in range(24)]
+        lp = section["lp_fulfilment"]
+        days = float(lp.get("days") or 1.0)
+        asked = lp.get("requested_gpus_by_hour") or [0] * 24
+        granted = lp.get("granted_gpus_by_hour") or [0] * 24
+        hours = [h for h in range(24) if asked[h]]
+        if not asked_drawn:
+            ax.bar(
+                hours,
+                [asked[h] / days for h in hours],
+                width=0.9,
+                fill=False,
+                edgecolor="black",
+                linewidth=0.8,
+                label="GPUs requested",
+            )
+            asked_drawn = True
+        offset = (k - (n - 1) / 2) * width
         ax.bar(
-            xs,
-            [100 * (v or 0.0) for v in by_hour],
+            [h + offset for h in hours],
+            [granted[h] / days for h in hours],
             width=width,
             color=COLORS.get(name),
-            label=LABELS.get(name, name),
+            label=f"granted within patience, {LABELS.get(name, name)}",
         )
     ax.set_xlabel("hour of day of the request")
-    ax.set_ylabel("GPUs granted / requested (%)")
-    ax.set_title("LP request fulfilment by hour (cf. WeFlex Fig. 10)")
+    ax.set_ylabel("LP GPUs per hour of day (mean per day)")
+    ax.set_title("LP requests and grants by hour (cf. WeFlex Fig. 10)")
     ax.set_xticks(range(0, 24, 2))
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
@@ -127,8 +166,11 @@ def table(report: dict[str, Any]) -> str:
             lambda p: f"{p['reclaim']['lent_tagged']} / {p['reclaim']['lent_untagged']}",
         ),
         (
-            "reclaimed same GPU / supplemented / missing",
-            lambda p: " / ".join(str(p["reclaim"][k]) for k in ("reclaimed_same", "supplemented", "missing")),
+            "lent GPUs back before the reclaim / reclaimed same GPU / supplemented / missing",
+            lambda p: " / ".join(
+                str(p["reclaim"].get(k, 0))
+                for k in ("returned_before_reclaim", "reclaimed_same", "supplemented", "missing")
+            ),
         ),
         (
             "released GPUs the job got back",
@@ -146,11 +188,22 @@ def table(report: dict[str, Any]) -> str:
             ),
         ),
         ("standby GPUs held by the job (max)", lambda p: str(p["standby"]["max_job_standby_gpus"])),
+        (
+            "job restarts / interruption (h)",
+            lambda p: f"{p['job']['restarts']} / {_num(p['job']['interruption_hours'], '{:.1f}')}",
+        ),
         ("LP fulfilment overall", lambda p: _pct(p["lp_fulfilment"]["overall"])),
         (
             "LP fulfilment 00–06 / 06–24",
             lambda p: (
                 f"{_pct(p['lp_fulfilment']['trough_00_06'])} / {_pct(p['lp_fulfilment']['rest_06_24'])}"
+            ),
+        ),
+        (
+            "LP jobs completed / withdrawn / resubmitted",
+            lambda p: (
+                f"{p['scheduling']['lp_jobs_completed']} / {p['scheduling']['lp_jobs_withdrawn']}"
+                f" / {p['scheduling']['lp_resubmissions']}"
             ),
         ),
         (

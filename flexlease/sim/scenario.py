@@ -16,10 +16,13 @@ DEFAULT_DATA_DIR: Final = Path(__file__).resolve().parents[2].parent / "shared" 
 
 class Policy(enum.StrEnum):
     """``ror``: right-of-return (Lend tags, Reclaim with graceful eviction and standby
-    supplements); ``plain``: plain leasing (scale-down deletes pods, scale-up takes any GPUs)."""
+    supplements); ``plain``: plain leasing (scale-down deletes pods, scale-up takes any GPUs);
+    ``static``: no scaling — the job keeps its peak allocation, nothing is lent (the paper's
+    "no scaling" line of Fig. 14 and the "no leasing" LP baseline of Fig. 10)."""
 
     ROR = "ror"
     PLAIN = "plain"
+    STATIC = "static"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,21 +30,30 @@ class Scenario:
     """Everything a run depends on. Times in simulated seconds, loads in GPUs, ratios 0–1.
 
     * cluster: ``nodes`` general nodes and ``standby_nodes`` standby nodes of
-      ``gpus_per_node`` GPUs;
-    * online job: ``online_gpus`` at peak (default: half the general GPUs), placed at t = 0
-      on the nodes with the most HA GPUs (the operators' whitelist of §2/C3), pods of
-      ``gpus_per_node`` GPUs, requiring ``online_reliability``;
+      ``gpus_per_node`` GPUs; ``gpu_models``: (NVML product name, share of the nodes) —
+      with more than one model every job asks for one (the ``gpu-type`` annotation): the
+      online job for the first, each LP job for one drawn by the shares;
+    * online job: ``online_gpus`` at peak (default: half the general GPUs), scheduled at
+      t = 0 like any job, pods of ``gpus_per_node`` GPUs, requiring ``online_reliability``;
     * LP load: ``trace`` (``philly``, ``alibaba`` or ``synthetic``; a missing file falls back
       to synthetic) from ``data_dir``, offered load ``lp_load`` × the GPUs the online job
-      leaves free at peak, run times capped at ``lp_max_duration``, pods withdrawn after
-      ``lp_patience`` pending;
+      leaves free at peak, run times capped at ``lp_max_duration``; a job is a gang of pods
+      scheduled all or nothing, retried after ``lp_retry_base`` doubling up to
+      ``lp_retry_max``, withdrawn after ``lp_max_wait`` without running; a request counts as
+      granted when its gang runs within ``lp_patience`` of its arrival (Fig. 10);
+    * restarts of the online job (scale events, a pod lost to a GPU failure):
+      ``restart_in_situ_s`` with right-of-return (the paper's interruption-mitigation
+      pipeline: "a few tens of seconds", §4.5), ``restart_full_s`` otherwise (native
+      scaling: "roughly 30 minutes", §2 Fig. 4, §4.5 Fig. 13);
     * time: ``days`` simulated, one scheduling round every ``tick``; the first ``warmup``
       seconds are left out of the fulfilment figures;
-    * tiers: ``tier_window`` and ``tier_refresh`` (the node agents' settings);
+    * tiers: ``tier_window`` and ``tier_refresh`` (the node agents' settings; both 14 days
+      by default, as in the paper);
     * lease controller: ``grace_period_seconds`` on every GPULease, ``lend_timeout`` (how
       long a Lend may take before it is reported), ``lease_enabled`` (False runs the
-      extender without its controller, to show that it is noticed), ``standby_pool_size``
-      (the controller keeps the standby pool at that many GPUs; 0 leaves it as set up).
+      extender without its controller, to show that it is noticed), ``standby_refill``
+      (the controller keeps the standby pool at its initial size, ``standby_nodes`` ×
+      ``gpus_per_node`` GPUs, moving whole free nodes into it; False leaves it as set up).
     """
 
     nodes: int = 64
@@ -59,13 +71,19 @@ class Scenario:
     lp_load: float = 3.0
     lp_max_duration: float = 7 * DAY
     lp_patience: float = 600.0
+    lp_retry_base: float = 600.0
+    lp_retry_max: float = 3600.0
+    lp_max_wait: float = 6 * 3600.0
+    restart_in_situ_s: float = 30.0
+    restart_full_s: float = 1800.0
     alibaba_gpu_scale: float = 0.08
     tier_window: float = 14 * DAY
-    tier_refresh: float = DAY
+    tier_refresh: float = 14 * DAY
     grace_period_seconds: int = 30
     lend_timeout: float = 300.0
     lease_enabled: bool = True
-    standby_pool_size: int = 0
+    standby_refill: bool = True
+    gpu_models: tuple[tuple[str, float], ...] = (("NVIDIA H20", 1.0),)
 
     def __post_init__(self) -> None:
         if self.nodes < 2 or self.gpus_per_node < 1 or self.standby_nodes < 0:
@@ -76,12 +94,26 @@ class Scenario:
             raise ValueError(f"trace must be philly, alibaba or synthetic, not {self.trace!r}")
         if self.online_gpus is not None and not 0 < self.online_gpus <= self.general_gpus:
             raise ValueError("online_gpus must be within 1..general GPUs")
+        if not self.gpu_models or any(not m or f <= 0 for m, f in self.gpu_models):
+            raise ValueError("gpu_models needs at least one (model, share > 0)")
+        if len({m for m, _ in self.gpu_models}) != len(self.gpu_models):
+            raise ValueError("gpu_models names a model twice")
         if self.lp_load <= 0 or self.lp_patience < 0:
             raise ValueError("lp_load must be positive, lp_patience >= 0")
 
     @property
     def general_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def mixed(self) -> bool:
+        """More than one GPU model: jobs ask for a type."""
+        return len(self.gpu_models) > 1
+
+    @property
+    def standby_pool_size(self) -> int:
+        """GPUs the lease controller keeps in the standby pool (0: leave it alone)."""
+        return self.standby_nodes * self.gpus_per_node if self.standby_refill else 0
 
     @property
     def job_gpus(self) -> int:
@@ -98,3 +130,48 @@ class Scenario:
     def lp_target_load(self) -> float:
         """Mean GPUs the LP arrivals request."""
         return self.lp_load * (self.general_gpus - self.job_gpus)
+
+
+def parse_gpu_models(text: str) -> tuple[tuple[str, float], ...]:
+    """``"NVIDIA H20:0.7,NVIDIA H100 80GB HBM3:0.3"`` → ((model, share), ...); shares are
+    normalised to sum to 1. Raises ``ValueError`` on a malformed entry or a share <= 0."""
+    out: list[tuple[str, float]] = []
+    for part in text.split(","):
+        name, sep, share = part.strip().rpartition(":")
+        if not sep or not name.strip():
+            raise ValueError(f"--gpu-models entry {part!r} is not MODEL:SHARE")
+        try:
+            value = float(share)
+        except ValueError as exc:
+            raise ValueError(f"--gpu-models share {share!r} is not a number") from exc
+        if value <= 0:
+            raise ValueError(f"--gpu-models share of {name.strip()!r} must be > 0")
+        out.append((name.strip(), value))
+    total = sum(v for _, v in out)
+    return tuple((m, v / total) for m, v in out)
+
+
+def assign_models(names: list[str], models: tuple[tuple[str, float], ...]) -> dict[str, str]:
+    """Give each node of ``names`` a model so that the counts follow the shares (largest
+    remainders; every model at least one node when there are enough nodes), spread over
+    the names round-robin so that no model is bunched at one end."""
+    n = len(names)
+    counts = [int(share * n) for _, share in models]
+    if n >= len(models):
+        counts = [max(1, c) for c in counts]
+    order = sorted(range(len(models)), key=lambda i: -(models[i][1] * n - int(models[i][1] * n)))
+    i = 0
+    while sum(counts) < n:
+        counts[order[i % len(order)]] += 1
+        i += 1
+    while sum(counts) > n:
+        j = max(range(len(counts)), key=lambda k: counts[k])
+        counts[j] -= 1
+    sequence: list[str] = []
+    left = list(counts)
+    while len(sequence) < n:
+        for k, (model, _) in enumerate(models):
+            if left[k] > 0:
+                sequence.append(model)
+                left[k] -= 1
+    return dict(zip(names, sequence, strict=True))

@@ -43,6 +43,9 @@ def _section(policy: str, share: float) -> dict[str, Any]:
             "rest_06_24": 0.45,
             "by_hour_of_day": [0.5] * 23 + [None],
             "requests": 10,
+            "days": 2.0,
+            "requested_gpus_by_hour": [4] * 23 + [0],
+            "granted_gpus_by_hour": [2] * 23 + [0],
         },
         "reclaim": {
             "cycles": 3,
@@ -67,7 +70,11 @@ def _section(policy: str, share: float) -> dict[str, Any]:
             "assignment_mismatches": 0,
             "lp_pods_evicted_by_controller": 2,
             "preempted_lp_pods": 0,
+            "lp_jobs_completed": 5,
+            "lp_jobs_withdrawn": 1,
+            "lp_resubmissions": 2,
         },
+        "job": {"restarts": 4, "interruption_hours": 0.1, "pods_killed_by_gpu_failures": 1},
         "samples": samples,
     }
 
@@ -94,7 +101,10 @@ def test_table_has_a_column_per_policy_and_reports_errors() -> None:
     lines = text.splitlines()
     assert lines[0] == "| | right-of-return | plain leasing |"
     assert "| HA share of the job at start | 87.5 % | error |" in lines
-    assert "| reclaimed same GPU / supplemented / missing | 11 / 1 / 0 | error |" in lines
+    assert (
+        "| lent GPUs back before the reclaim / reclaimed same GPU / supplemented / missing"
+        " | 0 / 11 / 1 / 0 | error |"
+    ) in lines
     assert lines[-1] == "ERROR plain: extender did not listen"
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from flexlease.sim.scenario import DEFAULT_DATA_DIR, Policy, Scenario
+from flexlease.sim.scenario import DEFAULT_DATA_DIR, Policy, Scenario, assign_models, parse_gpu_models
 
 
 def test_defaults_are_the_papers_cluster() -> None:
@@ -41,4 +42,23 @@ def test_bad_values_are_refused(bad: dict[str, object]) -> None:
 
 
 def test_policies() -> None:
-    assert [p.value for p in Policy] == ["ror", "plain"]
+    assert [p.value for p in Policy] == ["ror", "plain", "static"]
+
+
+def test_gpu_models_parse_and_spread() -> None:
+    models = parse_gpu_models("NVIDIA H20:0.7, NVIDIA H100 80GB HBM3:0.3")
+    assert models == (("NVIDIA H20", 0.7), ("NVIDIA H100 80GB HBM3", 0.3))
+    assert parse_gpu_models("A:2,B:2") == (("A", 0.5), ("B", 0.5))
+    for bad in ("A", "A:0", "A:x", ":1"):
+        with pytest.raises(ValueError):
+            parse_gpu_models(bad)
+    nodes = [f"gpu-{i:03d}" for i in range(64)]
+    given = assign_models(nodes, models)
+    assert Counter(given.values()) == {"NVIDIA H20": 45, "NVIDIA H100 80GB HBM3": 19}
+    assert given["gpu-000"] == "NVIDIA H20" and given["gpu-001"] == "NVIDIA H100 80GB HBM3"  # interleaved
+    assert set(assign_models(["s0", "s1"], models).values()) == {"NVIDIA H20", "NVIDIA H100 80GB HBM3"}
+    with pytest.raises(ValueError):
+        Scenario(gpu_models=(("A", 0.5), ("A", 0.5)))
+    assert Scenario(gpu_models=models).mixed and not Scenario().mixed
+    assert Scenario(standby_nodes=2).standby_pool_size == 16
+    assert Scenario(standby_nodes=2, standby_refill=False).standby_pool_size == 0
