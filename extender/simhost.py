@@ -70,13 +70,16 @@ class HostedExtender:
 
 @contextlib.asynccontextmanager
 async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> AsyncIterator[HostedExtender]:
-    """Serve the extender (``settings``; host and port are overridden to 127.0.0.1:0 and
-    leader election is off) over ``store`` on ``clock``, yield it once it listens and its
-    watches have listed, stop it on exit. The store is not closed. Raises
+    """Serve the extender (``settings``; it listens on 127.0.0.1, a free port, plain HTTP
+    — loopback inside one process — without the probe listener, and leader election is off)
+    over ``store`` on ``clock``, yield it once it listens and its watches have listed, stop
+    it on exit. The store is not closed. Raises
     :class:`NotQuiescent` when it does not become ready and quiet."""
     settings = settings.model_copy(
         update={
-            "extender": settings.extender.model_copy(update={"host": "127.0.0.1", "port": 0}),
+            "extender": settings.extender.model_copy(
+                update={"host": "127.0.0.1", "port": 0, "insecure_http": True, "metrics_port": None}
+            ),
             "lease": settings.lease.model_copy(update={"leader_election": False}),
         }
     )

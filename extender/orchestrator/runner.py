@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from flexlease.clock import Clock
 from extender.orchestrator import dag as dagmod
 from extender.orchestrator import template
 from extender.orchestrator.dag import Dag
 from extender.orchestrator.executors import Executor
 from extender.orchestrator.profile import Command
 from extender.orchestrator.snapshot import PodState, Snapshot
+from flexlease.clock import Clock
 from flexlease.errors import ExecError
 from flexlease.logging import ctx
 from flexlease.store.informer import Backoff

@@ -13,10 +13,10 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 
-from flexlease.clock import Clock
 from extender.orchestrator.profile import Role
 from extender.orchestrator.snapshot import PodState, Snapshot, pod_state
 from flexlease.api import keys
+from flexlease.clock import Clock
 from flexlease.logging import ctx
 from flexlease.store.base import EventType, Kind, Selector, Store, WatchEvent
 from flexlease.store.informer import Handler, Informer

@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from flexlease.clock import ManualClock
 from extender.orchestrator import dag, profile
 from extender.orchestrator.executors import ExecResult
 from extender.orchestrator.runner import JobRef, RetryPolicy, Runner, RunResult, State
 from extender.orchestrator.snapshot import PodState
 from extender.orchestrator.watch import ReadinessWatch
+from flexlease.clock import ManualClock
 from flexlease.errors import ExecError
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from flexlease.clock import ManualClock
 from extender.orchestrator import profile
 from extender.orchestrator.watch import ReadinessWatch
+from flexlease.clock import ManualClock
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 from tests.extender.orchestrator.pods import NS, OWNER, pod, status
