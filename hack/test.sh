@@ -13,7 +13,7 @@ echo "== ruff"
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 echo "== mypy"
-"$PY" -m mypy flexlease extender nodeagent hack
+"$PY" -m mypy flexlease extender nodeagent standins hack
 echo "== import-linter"
 lint-imports
 echo "== pytest"

@@ -28,6 +28,11 @@ the orchestrator's readiness snapshot watches by it, and pods whose role the pro
 critical are never picked by the lease controller or scale-down (WeFlex §3.4)."""
 LABEL_FRAMEWORK: Final = PREFIX + "framework"
 """The job's framework profile name (``mpi``, ``pytorch``, ``ray``, ``tensorflow`` or a user's)."""
+LABEL_NO_KUBELET: Final = PREFIX + "no-kubelet"
+"""``"true"`` on CRI pod sandboxes that flexlease runs itself, with no kubelet behind them (the
+local demo, the tests, the benches). Only such sandboxes may be hot-restarted with the
+``direct`` strategy; a sandbox or container carrying kubelet's own marks is kubelet's
+(``nodeagent.hotrestart.kubelet.kubelet_managed``)."""
 
 # Pod annotations
 ANN_RELIABILITY: Final = PREFIX + "reliability"

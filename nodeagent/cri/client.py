@@ -42,6 +42,11 @@ LABEL_POD_NAME: Final = "io.kubernetes.pod.name"
 LABEL_POD_NAMESPACE: Final = "io.kubernetes.pod.namespace"
 LABEL_POD_UID: Final = "io.kubernetes.pod.uid"
 LABEL_CONTAINER_NAME: Final = "io.kubernetes.container.name"
+# Annotations kubelet puts on every container it creates (pkg/kubelet/kuberuntime/labels.go):
+# the container spec's hash (hex of HashContainer) and the restart count (= metadata.attempt).
+ANN_CONTAINER_HASH: Final = "io.kubernetes.container.hash"
+ANN_CONTAINER_RESTART_COUNT: Final = "io.kubernetes.container.restartCount"
+ANN_POD_TERMINATION_GRACE_PERIOD: Final = "io.kubernetes.pod.terminationGracePeriod"
 
 
 class SandboxState(enum.StrEnum):

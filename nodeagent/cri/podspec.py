@@ -4,7 +4,11 @@ containers to the pod, per-pod log directory, pod-shared network and IPC namespa
 container-private PID namespace, ``<name>/<attempt>.log`` log paths.
 
 Used where flexlease itself must create a pod without a kubelet (the direct-restart
-benchmark, the standby prelaunch check, the tests). Pure: builds messages, does no I/O.
+benchmark, the standby prelaunch check, the demo, the tests): such sandboxes carry
+``flexlease.io/no-kubelet=true`` (:data:`flexlease.api.keys.LABEL_NO_KUBELET`), which is what
+lets the hot-restart ``direct`` strategy touch them. The stand-in kubelet
+(``standins.kubelet_pods``) builds its sandboxes with ``no_kubelet=False``, as kubelet would.
+Pure: builds messages, does no I/O.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flexlease.api import keys
 from flexlease.cri import api_pb2
 from nodeagent.cri.client import (
     LABEL_CONTAINER_NAME,
@@ -64,16 +69,23 @@ def sandbox_config(
     cgroup_parent: str = "",
     attempt: int = 0,
     annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    no_kubelet: bool = True,
 ) -> api_pb2.PodSandboxConfig:
-    """A ``PodSandboxConfig`` for ``pod``: kubelet labels, log directory
-    ``<log_root>/<ns>_<name>_<uid>``, pod network/IPC namespaces, hostname = pod name."""
+    """A ``PodSandboxConfig`` for ``pod``: kubelet's ``io.kubernetes.pod.*`` labels (plus
+    ``labels``, as kubelet copies the pod's labels), ``flexlease.io/no-kubelet=true`` unless
+    ``no_kubelet`` is False, log directory ``<log_root>/<ns>_<name>_<uid>``, pod network/IPC
+    namespaces, hostname = pod name."""
+    all_labels = {**(labels or {}), **pod.labels}
+    if no_kubelet:
+        all_labels[keys.LABEL_NO_KUBELET] = "true"
     return api_pb2.PodSandboxConfig(
         metadata=api_pb2.PodSandboxMetadata(
             name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=attempt
         ),
         hostname=pod.name,
         log_directory=str(log_root / f"{pod.namespace}_{pod.name}_{pod.uid}"),
-        labels=pod.labels,
+        labels=all_labels,
         annotations=dict(annotations or {}),
         linux=api_pb2.LinuxPodSandboxConfig(
             cgroup_parent=cgroup_parent,

@@ -12,6 +12,13 @@ is written before anything is touched; the final status after. When containerd i
 unavailable (``CriUnavailable``) or a store write fails, the key is retried with back-off;
 the next reconcile resumes from what CRI shows, and a final status whose write failed is
 kept in memory and written again without redoing the work.
+
+For the ``kubelet`` strategy the controller also writes the pod spec's container image (a
+JSON merge patch of ``spec.containers`` with the pod's ``resourceVersion`` as precondition:
+the agent's RBAC needs ``patch`` on pods, which it has for the status annotation). Refusals
+(``direct`` on a kubelet's sandbox, a same-image restart of an ``OnFailure``/``Never`` pod, …)
+and failures are also recorded as Warning Events on the pod (``HotRestartRefused``,
+``HotRestartFailed``).
 """
 
 from __future__ import annotations
@@ -29,8 +36,18 @@ from flexlease.api import keys
 from flexlease.logging import ctx
 from flexlease.store.base import EventType, JsonObj, Kind, Selector, Store, WatchEvent
 from flexlease.store.informer import Backoff, Informer, ObjectKey, object_key
-from nodeagent.cri.client import LABEL_POD_UID, ContainerState, RuntimeService, SandboxState
-from nodeagent.hotrestart.decide import Adopt, Fail, Restart, RuntimeView, Skip, decide
+from flexlease.store.kube_util import EventRecorder
+from nodeagent.cri.client import (
+    LABEL_POD_UID,
+    ContainerInfo,
+    ContainerState,
+    ImageInfo,
+    ImageService,
+    RuntimeService,
+    SandboxState,
+)
+from nodeagent.hotrestart.decide import Adopt, Fail, PodFacts, Restart, RuntimeView, Skip, decide
+from nodeagent.hotrestart.kubelet import image_patch, restart_policy, spec_image
 from nodeagent.hotrestart.model import (
     HotRestartRequest,
     HotRestartStatus,
@@ -88,6 +105,11 @@ def _annotations(pod: JsonObj) -> dict[str, str]:
     return dict((pod.get("metadata") or {}).get("annotations") or {})
 
 
+def _running(containers: tuple[ContainerInfo, ...]) -> list[ContainerInfo]:
+    """The running ones, oldest attempt first."""
+    return sorted((c for c in containers if c.state is ContainerState.RUNNING), key=lambda c: c.attempt)
+
+
 def pending_request(pod: JsonObj) -> bool:
     """Whether the pod carries a hot-restart request without a final status for its id
     (cheap pre-check on watch events; reconcile decides for real)."""
@@ -109,6 +131,9 @@ class HotRestartController:
 
     ``workers``: reconciles running at once (different pods). ``backoff``: retry delays for
     keys whose reconcile hit an unavailable runtime or a failed store write.
+    ``default_strategy``: for requests that name none; None picks by the sandbox's owner
+    (kubelet's → ``kubelet``, ``flexlease.io/no-kubelet`` → ``direct``). ``images``: the CRI
+    ImageService (default ``runtime``). ``events``: where refusals and failures are recorded.
     """
 
     def __init__(
@@ -118,8 +143,10 @@ class HotRestartController:
         restarter: HotRestarter,
         *,
         node: str,
-        default_strategy: Strategy,
+        default_strategy: Strategy | None,
         workers: int = 4,
+        images: ImageService | None = None,
+        events: EventRecorder | None = None,
         backoff: Backoff = RETRY_BACKOFF,
         metrics: HotRestartMetrics | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -129,6 +156,10 @@ class HotRestartController:
         self._store = store
         self._runtime = runtime
         self._restarter = restarter
+        if images is None and not isinstance(runtime, ImageService):
+            raise errors.RequestError("the hot-restart controller needs a CRI ImageService")
+        self._images: ImageService = images if images is not None else runtime  # type: ignore[assignment]
+        self._events = events
         self.node = node
         self._strategy = default_strategy
         self._workers = workers
@@ -217,7 +248,7 @@ class HotRestartController:
                 bad = HotRestartStatus(
                     id="",
                     phase=Phase.FAILED,
-                    strategy=self._strategy,
+                    strategy=self._strategy or Strategy.KUBELET,
                     container="",
                     image="",
                     node=self.node,
@@ -237,17 +268,28 @@ class HotRestartController:
             return
 
         uid = str((pod.get("metadata") or {}).get("uid") or "")
-        view = await self._view(uid, request.container)
-        decision = decide(request, status, view, default_strategy=self._strategy)
+        view = await self._view(uid, request.container, request.image)
+        facts = PodFacts(restart_policy(pod), spec_image(pod, request.container))
+        decision = decide(request, status, view, default_strategy=self._strategy, pod=facts)
         base = self._base_status(request, status, view)
         if isinstance(decision, Skip):
             return
         if isinstance(decision, Fail):
-            log.warning("hot restart refused", extra=ctx(pod=pod_name, reason=decision.message))
+            log.warning(
+                "hot restart refused" if decision.refused else "hot restart failed",
+                extra=ctx(pod=pod_name, reason=decision.message),
+            )
+            running = _running(view.containers)
             failed = base.model_copy(
-                update={"phase": Phase.FAILED, "message": decision.message, "finished_at": self._now()}
+                update={
+                    "phase": Phase.FAILED,
+                    "message": decision.message,
+                    "container_id": running[-1].id if running else None,
+                    "finished_at": self._now(),
+                }
             )
             await self._write(namespace, name, failed)
+            await self._event(pod, "HotRestartRefused" if decision.refused else "HotRestartFailed", failed)
             return
         if isinstance(decision, Adopt):
             adopted = base.model_copy(
@@ -262,13 +304,23 @@ class HotRestartController:
             await self._write(namespace, name, adopted)
             log.info("hot restart adopted", extra=ctx(pod=pod_name, container_id=decision.container.id))
             return
-        await self._restart(key, decision, base, pod_name=pod_name)
+        await self._restart(key, decision, base, pod, request.container, pod_name=pod_name)
 
-    async def _restart(self, key: ObjectKey, plan: Restart, base: HotRestartStatus, *, pod_name: str) -> None:
+    async def _restart(
+        self,
+        key: ObjectKey,
+        plan: Restart,
+        base: HotRestartStatus,
+        pod: JsonObj,
+        container: str,
+        *,
+        pod_name: str,
+    ) -> None:
         in_progress = base.model_copy(
             update={
                 "phase": Phase.IN_PROGRESS,
                 "strategy": plan.strategy,
+                "spec_image": plan.spec_image,
                 "previous_container_id": base.previous_container_id or plan.old.id,
                 "previous_attempt": base.previous_attempt
                 if base.previous_attempt is not None
@@ -279,13 +331,73 @@ class HotRestartController:
             }
         )
         await self._write(*key, in_progress)  # nothing is touched unless this write succeeded
-        outcome = await self._restarter.execute(plan, pod=pod_name)
+
+        async def patch_spec(image: str) -> None:
+            await self._patch_image(*key, container, image)
+
+        outcome = await self._restarter.execute(plan, pod=pod_name, patch_spec=patch_spec)
         if self._metrics is not None:
             self._metrics.observe(outcome)
-        final = self._final(in_progress, outcome)
+        final = await self._confirm(self._final(in_progress, outcome), plan)
         self._unwritten[key] = final
         await self._write(*key, final)
         self._unwritten.pop(key, None)
+        if final.phase is Phase.FAILED:
+            await self._event(pod, "HotRestartFailed", final)
+
+    async def _confirm(self, final: HotRestartStatus, plan: Restart) -> HotRestartStatus:
+        """Name the container that actually runs: the newest running one of that name in the
+        sandbox; two or more running (a replacement raced by someone else's) fail the status."""
+        try:
+            found = await self._runtime.list_containers(sandbox_id=plan.sandbox_id)
+        except errors.CriError:
+            return final
+        running = _running(tuple(c for c in found if c.name == plan.old.name))
+        if not running:
+            return final.model_copy(update={"container_id": None}) if final.phase is Phase.FAILED else final
+        newest = running[-1]
+        if len(running) > 1:
+            ids = ", ".join(f"{c.id} (attempt {c.attempt})" for c in running)
+            return final.model_copy(
+                update={
+                    "phase": Phase.FAILED,
+                    "container_id": newest.id,
+                    "message": f"{len(running)} containers named {plan.old.name!r} run in sandbox "
+                    f"{plan.sandbox_id}: {ids}",
+                }
+            )
+        return final.model_copy(update={"container_id": newest.id, "attempt": newest.attempt})
+
+    async def _patch_image(self, namespace: str, name: str, container: str, image: str) -> None:
+        """Set ``container``'s image in the pod spec (no-op when it is already ``image``), with
+        the pod's resourceVersion as precondition; re-read and retry on ``Conflict``. Raises
+        ``StoreError`` (``PodSpecError`` when the spec has no such container)."""
+        for attempt in range(1, _STATUS_WRITE_ATTEMPTS + 1):
+            pod = await self._store.get(Kind.POD, name, namespace=namespace)
+            if spec_image(pod, container) == image:
+                return
+            try:
+                patch = image_patch(pod, container, image)
+            except KeyError:
+                raise errors.PodSpecError(f"the pod spec has no container {container!r}") from None
+            rv = str((pod.get("metadata") or {}).get("resourceVersion") or "") or None
+            try:
+                await self._store.patch(Kind.POD, name, patch, namespace=namespace, resource_version=rv)
+                return
+            except errors.Conflict:
+                if attempt == _STATUS_WRITE_ATTEMPTS:
+                    raise
+
+    async def _event(self, pod: JsonObj, reason: str, status: HotRestartStatus) -> None:
+        if self._events is None:
+            return
+        await self._events.record(
+            pod,
+            type="Warning",
+            reason=reason,
+            message=f"hot restart {status.id!r} of {status.container!r}: {status.message}",
+            action="HotRestart",
+        )
 
     def _final(self, in_progress: HotRestartStatus, outcome: Outcome) -> HotRestartStatus:
         return in_progress.model_copy(
@@ -297,6 +409,10 @@ class HotRestartController:
                 "pull_seconds": round(outcome.timings.pull, 4),
                 "stop_seconds": round(outcome.timings.stop, 4),
                 "start_seconds": round(outcome.timings.start, 4),
+                "pause_seconds": round(outcome.pause_seconds, 4)
+                if outcome.pause_seconds is not None
+                else None,
+                "image_id": outcome.image_id,
                 "total_seconds": round(outcome.total_seconds, 4),
                 "message": outcome.message or None,
                 "finished_at": self._now(),
@@ -311,7 +427,10 @@ class HotRestartController:
         return HotRestartStatus(
             id=request.id,
             phase=Phase.IN_PROGRESS,
-            strategy=request.strategy or (ours.strategy if ours is not None else self._strategy),
+            strategy=request.strategy
+            or (ours.strategy if ours is not None else None)
+            or self._strategy
+            or Strategy.KUBELET,
             container=request.container,
             image=request.image,
             node=self.node,
@@ -319,15 +438,17 @@ class HotRestartController:
             pod_ip=sandbox.ip if sandbox is not None else None,
             previous_container_id=ours.previous_container_id if ours is not None else None,
             previous_attempt=ours.previous_attempt if ours is not None else None,
+            spec_image=ours.spec_image if ours is not None else None,
             started_at=ours.started_at if ours is not None else None,
         )
 
-    async def _view(self, pod_uid: str, container: str) -> RuntimeView:
+    async def _view(self, pod_uid: str, container: str, image: str) -> RuntimeView:
+        resolved = await self._image(image)
         sandboxes = await self._runtime.list_pod_sandboxes(
             labels={LABEL_POD_UID: pod_uid}, state=SandboxState.READY
         )
         if not sandboxes:
-            return RuntimeView(None, ())
+            return RuntimeView(None, (), resolved)
         newest = max(sandboxes, key=lambda s: s.created_at_ns)
         sandbox = await self._runtime.pod_sandbox_status(newest.id)
         listed = [
@@ -342,7 +463,16 @@ class HotRestartController:
                 except errors.CriNotFound:
                     continue
             detailed.append(c)
-        return RuntimeView(sandbox, tuple(detailed))
+        return RuntimeView(sandbox, tuple(detailed), resolved)
+
+    async def _image(self, image: str) -> ImageInfo | None:
+        """CRI ImageStatus of ``image``; None when absent or the reference is refused."""
+        try:
+            return await self._images.image_status(image)
+        except errors.CriUnavailable:
+            raise
+        except errors.CriError:
+            return None
 
     async def _write(self, namespace: str, name: str, status: HotRestartStatus) -> None:
         """Merge-patch the status annotation, retrying store failures a few times. Raises

@@ -12,9 +12,13 @@ status is a no-op, so re-applying the same annotation restarts nothing.
 camelCase keys: ``id``, ``phase`` (``InProgress`` while running; ``Succeeded`` or ``Failed``
 at the end), ``strategy``, ``container``, ``image``, ``node``, ``sandboxId``, ``podIP``,
 ``containerId`` (the replacement), ``previousContainerId``, ``previousAttempt``,
-``attempt``, ``imageCached``, ``pullSeconds``, ``stopSeconds``, ``startSeconds``,
-``totalSeconds``, ``message`` (why it failed, or notes), ``startedAt``, ``finishedAt``
-(RFC 3339 UTC). Pure: parsing and rendering only.
+``attempt``, ``imageCached``, ``imageId`` (the image ID the replacement was confirmed to
+run, from CRI ``ImageStatus``), ``specImage`` (kubelet: the image written into the pod spec),
+``pullSeconds``, ``stopSeconds``, ``startSeconds``, ``pauseSeconds`` (no container of that
+name running: from the old one's exit to the replacement's start, CRI timestamps where the
+runtime kept them), ``totalSeconds``, ``message`` (why it failed, or notes), ``startedAt``,
+``finishedAt`` (RFC 3339 UTC). ``containerId`` always names the container that runs when
+the status is written. Pure: parsing and rendering only.
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class Strategy(enum.StrEnum):
-    """``direct``: the agent creates and starts the replacement itself (no kubelet, or a
-    kubelet that tolerates it). ``kubelet``: the agent stops the container and waits for
-    kubelet to start the replacement from the (patched) pod spec."""
+    """``direct``: the agent creates and starts the replacement itself through CRI — only in
+    sandboxes no kubelet manages (``flexlease.io/no-kubelet``: the demo, tests, benches).
+    ``kubelet``: the agent pre-pulls the image, patches the pod spec's container image (the
+    other spelling of the same image when it stays the same) and waits for kubelet's own
+    in-place restart, confirmed by image ID; it never stops a kubelet's container."""
 
     DIRECT = "direct"
     KUBELET = "kubelet"
@@ -91,9 +97,12 @@ class HotRestartStatus(KubeModel):
     previous_attempt: int | None = None
     attempt: int | None = None
     image_cached: bool | None = None
+    image_id: str | None = None
+    spec_image: str | None = None
     pull_seconds: float | None = None
     stop_seconds: float | None = None
     start_seconds: float | None = None
+    pause_seconds: float | None = None
     total_seconds: float | None = None
     message: str | None = None
     started_at: datetime | None = None

@@ -8,8 +8,13 @@ the old container. The sandbox — pod UID, network namespace and IP, IPC, volum
 parent — is never touched. A failure before the stop leaves the old container running; a
 failed start rolls back by starting the old config again as another attempt.
 
-``kubelet`` strategy: pre-pull → stop the old container → wait for kubelet to start its
-replacement (a higher attempt of the same container name) from the pod spec.
+``kubelet`` strategy (a sandbox kubelet manages): pre-pull (old container still running) →
+resolve the image through CRI ``ImageStatus`` → write the plan's ``spec_image`` into the pod
+spec (the caller's ``patch_spec``) → wait for kubelet's in-place restart: a higher attempt of
+the same container name, running, whose image ID or repo digest is the requested image's.
+The agent stops nothing: kubelet kills the old container with the pod's grace period, as
+for any spec change. ``pause`` is measured from CRI timestamps (the old container's
+``finished_at`` to the replacement's ``started_at``).
 
 :class:`flexlease.errors.CriUnavailable` (containerd restarting or unreachable) propagates:
 the caller retries later and :func:`~nodeagent.hotrestart.decide.decide` resumes from what
@@ -21,24 +26,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from flexlease import errors
 from flexlease.cri import api_pb2
 from flexlease.logging import ctx
 from nodeagent.cache.images import ImagePuller
-from nodeagent.cri.client import ContainerInfo, ContainerState, RuntimeService
+from nodeagent.cri.client import ContainerInfo, ContainerState, ImageService, RuntimeService
 from nodeagent.hotrestart.decide import Restart, replacement_config
+from nodeagent.hotrestart.kubelet import runs_image
 from nodeagent.hotrestart.model import Strategy
 
 log = logging.getLogger(__name__)
+
+SpecPatcher = Callable[[str], Awaitable[None]]
+"""Writes an image into the pod spec's container (kubelet strategy). Raises ``StoreError``."""
 
 
 @dataclass(frozen=True, slots=True)
 class Timings:
     """Seconds spent pulling the image, stopping the old container, and creating+starting
-    the replacement (kubelet strategy: waiting for kubelet's replacement)."""
+    the replacement (kubelet strategy: ``stop`` is 0, the agent stops nothing; ``start`` is
+    from the spec patch to kubelet's replacement running)."""
 
     pull: float = 0.0
     stop: float = 0.0
@@ -56,6 +66,8 @@ class Outcome:
     image_cached: bool | None = None
     timings: Timings = field(default_factory=Timings)
     total_seconds: float = 0.0
+    pause_seconds: float | None = None
+    image_id: str | None = None
 
 
 class HotRestarter:
@@ -63,6 +75,7 @@ class HotRestarter:
 
     ``stop_timeout_seconds``: grace period of StopContainer. ``kubelet_wait_seconds``: how
     long the kubelet strategy waits for the replacement; ``poll_seconds``: how often it looks.
+    ``images``: the CRI ImageService resolving image IDs (default: ``runtime``, when it is one).
     """
 
     def __init__(
@@ -70,6 +83,7 @@ class HotRestarter:
         runtime: RuntimeService,
         puller: ImagePuller,
         *,
+        images: ImageService | None = None,
         stop_timeout_seconds: int = 30,
         kubelet_wait_seconds: float = 120.0,
         poll_seconds: float = 0.2,
@@ -77,13 +91,18 @@ class HotRestarter:
     ) -> None:
         self._runtime = runtime
         self._puller = puller
+        if images is None and not isinstance(runtime, ImageService):
+            raise errors.RequestError("HotRestarter needs a CRI ImageService")
+        self._images: ImageService = images if images is not None else runtime  # type: ignore[assignment]
         self._stop_timeout = stop_timeout_seconds
         self._kubelet_wait = kubelet_wait_seconds
         self._poll = poll_seconds
         self._clock = clock
 
-    async def execute(self, plan: Restart, *, pod: str) -> Outcome:
-        """Run ``plan`` for ``pod`` (``ns/name``, for logs). Raises ``CriUnavailable`` only."""
+    async def execute(self, plan: Restart, *, pod: str, patch_spec: SpecPatcher | None = None) -> Outcome:
+        """Run ``plan`` for ``pod`` (``ns/name``, for logs); ``patch_spec`` writes the pod
+        spec's image (needed by the kubelet strategy). Raises ``CriUnavailable``, and
+        ``StoreError`` from ``patch_spec`` (retry: the plan resumes from what CRI shows)."""
         started = self._clock()
         log.info(
             "hot restart",
@@ -105,7 +124,7 @@ class HotRestarter:
             return Outcome(False, f"image pull failed (old container left running): {exc}", total_seconds=0.0)
         pull = Timings(pull=self._clock() - t0)
         if plan.strategy is Strategy.KUBELET:
-            outcome = await self._kubelet(plan, pull, pod=pod)
+            outcome = await self._kubelet(plan, pull, patch_spec, pod=pod)
         else:
             outcome = await self._direct(plan, pull, pod=pod)
         outcome = Outcome(
@@ -116,6 +135,8 @@ class HotRestarter:
             pulled.cached,
             outcome.timings,
             self._clock() - started,
+            outcome.pause_seconds,
+            outcome.image_id,
         )
         log.info(
             "hot restart succeeded" if outcome.succeeded else "hot restart failed",
@@ -127,6 +148,7 @@ class HotRestarter:
                 pull_seconds=round(outcome.timings.pull, 3),
                 stop_seconds=round(outcome.timings.stop, 3),
                 start_seconds=round(outcome.timings.start, 3),
+                pause_seconds=round(outcome.pause_seconds, 3) if outcome.pause_seconds is not None else None,
             ),
         )
         return outcome
@@ -176,9 +198,16 @@ class HotRestarter:
             timings = Timings(pull.pull, stop_seconds, create_seconds + self._clock() - t0)
             rollback = await self._rollback(plan, old_config, new_id, sandbox_config, pod=pod)
             return Outcome(False, f"the replacement did not start: {exc}; {rollback}", timings=timings)
-        timings = Timings(pull.pull, stop_seconds, create_seconds + self._clock() - t0)
+        started_seconds = self._clock() - t0
+        timings = Timings(pull.pull, stop_seconds, create_seconds + started_seconds)
         await self._remove_quietly(plan.old.id, pod=pod)
-        return Outcome(True, container_id=new_id, attempt=plan.attempt, timings=timings)
+        return Outcome(
+            True,
+            container_id=new_id,
+            attempt=plan.attempt,
+            timings=timings,
+            pause_seconds=stop_seconds + started_seconds,
+        )
 
     async def _rollback(
         self,
@@ -209,40 +238,75 @@ class HotRestarter:
                 "could not remove container", extra=ctx(pod=pod, container_id=container_id, error=str(exc))
             )
 
-    async def _kubelet(self, plan: Restart, pull: Timings, *, pod: str) -> Outcome:
+    async def _kubelet(
+        self, plan: Restart, pull: Timings, patch_spec: SpecPatcher | None, *, pod: str
+    ) -> Outcome:
+        if patch_spec is None or plan.spec_image is None:
+            return Outcome(False, "the kubelet strategy needs the pod spec's image to patch", timings=pull)
         try:
-            stop_seconds = await self._stop(plan.old.id)
+            image = await self._images.image_status(plan.image)
         except errors.CriUnavailable:
             raise
-        except errors.CriNotFound:
-            stop_seconds = 0.0
         except errors.CriError as exc:
-            return Outcome(False, f"cannot stop the container for kubelet to restart: {exc}", timings=pull)
+            return Outcome(
+                False, f"cannot resolve {plan.image} (old container left running): {exc}", timings=pull
+            )
+        if image is None:
+            return Outcome(False, f"{plan.image} is not on the node after the pull", timings=pull)
         t0 = self._clock()
+        try:
+            await patch_spec(plan.spec_image)
+        except errors.RequestError as exc:
+            return Outcome(False, f"cannot patch the pod spec (nothing restarted): {exc}", timings=pull)
+        log.info(
+            "pod spec image patched; waiting for kubelet",
+            extra=ctx(pod=pod, container=plan.old.name, spec_image=plan.spec_image, image_id=image.id),
+        )
         deadline = t0 + self._kubelet_wait
         while True:
             replacement = await self._replacement(plan)
             if replacement is not None:
-                timings = Timings(pull.pull, stop_seconds, self._clock() - t0)
-                if replacement.image != plan.image:
+                timings = Timings(pull.pull, 0.0, self._clock() - t0)
+                if not runs_image(replacement, image):
                     return Outcome(
                         False,
-                        f"kubelet started {replacement.image}, not the requested {plan.image}; "
-                        "patch the pod spec's image too",
+                        f"kubelet started container {replacement.id} (attempt {replacement.attempt}) running "
+                        f"{replacement.image_ref or replacement.image}, not the requested {plan.image} "
+                        f"({image.id})",
                         container_id=replacement.id,
                         attempt=replacement.attempt,
                         timings=timings,
+                        image_id=image.id,
                     )
                 return Outcome(
-                    True, container_id=replacement.id, attempt=replacement.attempt, timings=timings
+                    True,
+                    container_id=replacement.id,
+                    attempt=replacement.attempt,
+                    timings=timings,
+                    pause_seconds=await self._pause(plan.old.id, replacement, fallback=timings.start),
+                    image_id=image.id,
                 )
             if self._clock() >= deadline:
                 return Outcome(
                     False,
-                    f"kubelet did not start a replacement within {self._kubelet_wait:g} s",
-                    timings=Timings(pull.pull, stop_seconds, self._clock() - t0),
+                    f"kubelet did not restart {plan.old.name!r} within {self._kubelet_wait:g} s of the pod "
+                    f"spec's image being set to {plan.spec_image}",
+                    timings=Timings(pull.pull, 0.0, self._clock() - t0),
+                    image_id=image.id,
                 )
             await asyncio.sleep(self._poll)
+
+    async def _pause(self, old_id: str, new: ContainerInfo, *, fallback: float) -> float:
+        """Seconds from the old container's exit to the replacement's start (CRI timestamps);
+        ``fallback`` when the runtime no longer reports either."""
+        try:
+            old = await self._runtime.container_status(old_id)
+            started = new.started_at_ns or (await self._runtime.container_status(new.id)).started_at_ns
+        except errors.CriNotFound:
+            return fallback
+        if old.finished_at_ns <= 0 or started <= 0:
+            return fallback
+        return max(0.0, (started - old.finished_at_ns) / 1e9)
 
     async def _replacement(self, plan: Restart) -> ContainerInfo | None:
         found = await self._runtime.list_containers(sandbox_id=plan.sandbox_id)

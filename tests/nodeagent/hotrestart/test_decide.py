@@ -1,11 +1,20 @@
 from __future__ import annotations
 
+from flexlease.api import keys
 from flexlease.cri import api_pb2
-from nodeagent.cri.client import ContainerInfo, ContainerState, SandboxInfo, SandboxState
+from nodeagent.cri.client import (
+    ANN_CONTAINER_HASH,
+    ContainerInfo,
+    ContainerState,
+    ImageInfo,
+    SandboxInfo,
+    SandboxState,
+)
 from nodeagent.hotrestart.decide import (
     ANN_RESTART_COUNT,
     Adopt,
     Fail,
+    PodFacts,
     Restart,
     RuntimeView,
     Skip,
@@ -15,7 +24,15 @@ from nodeagent.hotrestart.decide import (
 from nodeagent.hotrestart.model import HotRestartRequest, HotRestartStatus, Phase, Strategy
 
 REQ = HotRestartRequest(id="r1", container="trainer", image="t:v2")
-SANDBOX = SandboxInfo("sb", "p", "ns", "uid", 0, SandboxState.READY, 1, ip="10.0.0.2")
+# Run by flexlease itself (demo, tests): the direct strategy's case.
+SANDBOX = SandboxInfo(
+    "sb", "p", "ns", "uid", 0, SandboxState.READY, 1, ip="10.0.0.2", labels={keys.LABEL_NO_KUBELET: "true"}
+)
+# Run by kubelet: no flexlease mark; its containers carry kubelet's hash annotation.
+KSANDBOX = SandboxInfo("sb", "p", "ns", "uid", 0, SandboxState.READY, 1, ip="10.0.0.2")
+V1_ID, V2_ID = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+V1 = ImageInfo(V1_ID, ("reg:5000/t:v1",), ("reg:5000/t@sha256:" + "a" * 64,), 10)
+V2 = ImageInfo(V2_ID, ("reg:5000/t:v2",), ("reg:5000/t@sha256:" + "b" * 64,), 10)
 
 
 def c(cid: str, attempt: int, state: ContainerState, image: str = "t:v1", **kw: object) -> ContainerInfo:
@@ -67,8 +84,127 @@ def test_same_id_with_final_status_is_a_no_op() -> None:
 
 def test_request_strategy_wins() -> None:
     req = HotRestartRequest(id="r1", container="trainer", image="t:v2", strategy=Strategy.KUBELET)
-    d = run(RuntimeView(SANDBOX, (c("c0", 0, ContainerState.RUNNING),)), req=req)
+    d = decide(
+        req,
+        None,
+        RuntimeView(KSANDBOX, (kc("c0", 0, ContainerState.RUNNING),)),
+        default_strategy=Strategy.DIRECT,
+        pod=PodFacts(spec_image="t:v1"),
+    )
     assert isinstance(d, Restart) and d.strategy is Strategy.KUBELET
+
+
+def kc(cid: str, attempt: int, state: ContainerState, image_id: str = V1_ID) -> ContainerInfo:
+    """A container as kubelet creates it: image = image ID, hash annotation."""
+    return ContainerInfo(
+        cid, "sb", "trainer", attempt, image_id, image_id, state, annotations={ANN_CONTAINER_HASH: "abc"}
+    )
+
+
+def krun(
+    view: RuntimeView,
+    st: HotRestartStatus | None = None,
+    *,
+    image: str = "reg:5000/t:v2",
+    policy: str = "Always",
+    spec: str | None = "reg:5000/t:v1",
+) -> object:
+    req = HotRestartRequest(id="r1", container="trainer", image=image)
+    return decide(req, st, view, default_strategy=None, pod=PodFacts(policy, spec))
+
+
+def test_auto_strategy_follows_the_sandbox_owner() -> None:
+    d = decide(REQ, None, RuntimeView(SANDBOX, (c("c0", 0, ContainerState.RUNNING),)), default_strategy=None)
+    assert isinstance(d, Restart) and d.strategy is Strategy.DIRECT
+    d = krun(RuntimeView(KSANDBOX, (kc("c0", 0, ContainerState.RUNNING),), V2))
+    assert isinstance(d, Restart) and d.strategy is Strategy.KUBELET
+
+
+def test_direct_is_refused_on_a_kubelet_sandbox() -> None:
+    d = run(RuntimeView(KSANDBOX, (c("c0", 0, ContainerState.RUNNING),)))
+    assert isinstance(d, Fail) and d.refused and "managed by kubelet" in d.message
+    # The flexlease mark on the sandbox (a pod label kubelet copied) does not hide kubelet's containers.
+    d = run(RuntimeView(SANDBOX, (kc("c0", 0, ContainerState.RUNNING),)))
+    assert isinstance(d, Fail) and d.refused
+
+
+def test_kubelet_is_refused_where_no_kubelet_runs() -> None:
+    d = decide(
+        HotRestartRequest(id="r1", container="trainer", image="t:v2", strategy=Strategy.KUBELET),
+        None,
+        RuntimeView(SANDBOX, (c("c0", 0, ContainerState.RUNNING),)),
+        default_strategy=None,
+    )
+    assert isinstance(d, Fail) and d.refused and "no kubelet" in d.message
+
+
+def test_kubelet_plan_writes_the_new_image() -> None:
+    old = kc("c0", 0, ContainerState.RUNNING)
+    d = krun(RuntimeView(KSANDBOX, (old,), V2))
+    assert d == Restart("sb", old, 1, "reg:5000/t:v2", Strategy.KUBELET, None, "reg:5000/t:v2", False)
+    # Not on the node yet: a new image too (it will be pulled first).
+    d = krun(RuntimeView(KSANDBOX, (old,), None))
+    assert isinstance(d, Restart) and d.spec_image == "reg:5000/t:v2"
+
+
+def test_kubelet_same_image_switches_tag_and_digest() -> None:
+    old = kc("c0", 0, ContainerState.RUNNING)
+    d = krun(RuntimeView(KSANDBOX, (old,), V1), image="reg:5000/t:v1")
+    assert isinstance(d, Restart) and d.same_image
+    assert d.spec_image == "reg:5000/t@sha256:" + "a" * 64
+    # ... and back again from the digest form.
+    d = krun(RuntimeView(KSANDBOX, (old,), V1), image="reg:5000/t:v1", spec="reg:5000/t@sha256:" + "a" * 64)
+    assert isinstance(d, Restart) and d.spec_image == "reg:5000/t:v1"
+    # A loaded image has no repo digest: refused rather than left to crash-loop back-off.
+    loaded = ImageInfo(V1_ID, ("reg:5000/t:v1",), (), 10)
+    d = krun(RuntimeView(KSANDBOX, (old,), loaded), image="reg:5000/t:v1")
+    assert isinstance(d, Fail) and d.refused and "back-off" in d.message
+
+
+def test_jobs_get_only_image_changes() -> None:
+    old = kc("c0", 0, ContainerState.RUNNING)
+    for policy in ("OnFailure", "Never"):
+        d = krun(RuntimeView(KSANDBOX, (old,), V1), image="reg:5000/t:v1", policy=policy)
+        assert isinstance(d, Fail) and d.refused and f"restartPolicy {policy}" in d.message
+        d = krun(RuntimeView(KSANDBOX, (old,), V2), policy=policy)
+        assert isinstance(d, Restart) and d.spec_image == "reg:5000/t:v2"
+
+
+def test_kubelet_container_missing_from_the_spec_is_refused() -> None:
+    d = krun(RuntimeView(KSANDBOX, (kc("c0", 0, ContainerState.RUNNING),), V2), spec=None)
+    assert isinstance(d, Fail) and d.refused
+
+
+def kstatus(spec_image: str | None = "reg:5000/t:v2") -> HotRestartStatus:
+    return HotRestartStatus(
+        id="r1",
+        phase=Phase.IN_PROGRESS,
+        strategy=Strategy.KUBELET,
+        container="trainer",
+        image="reg:5000/t:v2",
+        previous_container_id="c0",
+        previous_attempt=0,
+        spec_image=spec_image,
+    )
+
+
+def test_kubelet_resume_confirms_by_image_id() -> None:
+    old = kc("c0", 0, ContainerState.EXITED)
+    new = kc("c1", 1, ContainerState.RUNNING, image_id=V2_ID)
+    st = kstatus()
+    assert krun(RuntimeView(KSANDBOX, (old, new), V2), st) == Adopt(new, st)
+    # kubelet stored the image ID, never the tag: a tag comparison would fail here.
+    assert new.image != "reg:5000/t:v2"
+    other = kc("c1", 1, ContainerState.RUNNING, image_id=V1_ID)
+    d = krun(RuntimeView(KSANDBOX, (old, other), V2), st)
+    assert isinstance(d, Fail) and "c1" in d.message and V1_ID in d.message and V2_ID in d.message
+
+
+def test_kubelet_resume_reuses_the_recorded_spec_image() -> None:
+    old = kc("c0", 0, ContainerState.RUNNING)
+    digest = "reg:5000/t@sha256:" + "a" * 64
+    d = krun(RuntimeView(KSANDBOX, (old,), V1), kstatus(digest), image="reg:5000/t:v1", spec=digest)
+    assert isinstance(d, Restart) and d.spec_image == digest  # not switched back to the tag
 
 
 def test_failures() -> None:

@@ -13,7 +13,7 @@ from nodeagent.cache.images import ImageMetrics, ImagePuller
 from nodeagent.cri import podspec
 from nodeagent.cri.client import ContainerState
 from nodeagent.cri.fake import FakeCri
-from nodeagent.hotrestart.decide import Restart, RuntimeView, decide
+from nodeagent.hotrestart.decide import PodFacts, Restart, RuntimeView, decide
 from nodeagent.hotrestart.model import HotRestartRequest, Strategy
 from nodeagent.hotrestart.restarter import HotRestarter
 
@@ -24,7 +24,7 @@ async def setup(strategy: Strategy = Strategy.DIRECT) -> tuple[FakeCri, HotResta
     cri = FakeCri(registry={V2: 100})
     cri.add_image(V1, 100)
     ref = podspec.PodRef("ns", "p", "uid-1")
-    sandbox_config = podspec.sandbox_config(ref, Path("/tmp/logs"))
+    sandbox_config = podspec.sandbox_config(ref, Path("/tmp/logs"), no_kubelet=strategy is Strategy.DIRECT)
     sid = await cri.run_pod_sandbox(sandbox_config)
     config = podspec.container_config(ref, podspec.ContainerSpec("trainer", V1))
     cid = await cri.create_container(sid, config, sandbox_config)
@@ -34,7 +34,11 @@ async def setup(strategy: Strategy = Strategy.DIRECT) -> tuple[FakeCri, HotResta
     )
     view = RuntimeView(await cri.pod_sandbox_status(sid), tuple(await cri.list_containers(sandbox_id=sid)))
     plan = decide(
-        HotRestartRequest(id="r", container="trainer", image=V2), None, view, default_strategy=strategy
+        HotRestartRequest(id="r", container="trainer", image=V2),
+        None,
+        view,
+        default_strategy=strategy,
+        pod=PodFacts(spec_image=V1),
     )
     assert isinstance(plan, Restart)
     return cri, restarter, plan
@@ -104,8 +108,20 @@ async def test_missing_image_fails_before_touching_anything() -> None:
     assert running(cri) == [(V1, 0)]
 
 
-async def test_kubelet_strategy_reports_a_missing_kubelet() -> None:
+async def test_kubelet_strategy_patches_the_spec_and_stops_nothing() -> None:
     cri, restarter, plan = await setup(Strategy.KUBELET)
-    outcome = await restarter.execute(plan, pod="ns/p")
-    assert not outcome.succeeded and "kubelet did not start a replacement" in outcome.message
-    assert running(cri) == []  # it stopped the container for kubelet to restart
+    assert plan.spec_image == V2
+    patched: list[str] = []
+
+    async def patch_spec(image: str) -> None:
+        patched.append(image)
+
+    outcome = await restarter.execute(plan, pod="ns/p", patch_spec=patch_spec)
+    assert patched == [V2]
+    assert not outcome.succeeded and "kubelet did not restart 'trainer'" in outcome.message
+    assert outcome.image_id is not None and outcome.image_id.startswith("sha256:")
+    assert running(cri) == [(V1, 0)]  # the agent never stops a kubelet's container
+
+    no_patch = await restarter.execute(plan, pod="ns/p")
+    assert not no_patch.succeeded and "pod spec" in no_patch.message
+    assert running(cri) == [(V1, 0)]

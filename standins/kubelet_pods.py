@@ -1,0 +1,337 @@
+"""A stand-in kubelet for the container lifecycle: runs the pods a store binds to its node on a
+real CRI runtime, the way kubelet's ``kuberuntime`` manager does, in the details that hot
+restart meets (kubelet v1.36 ``pkg/kubelet/kuberuntime``, ``pkg/kubelet/container``,
+client-go ``util/flowcontrol/backoff.go``):
+
+* Sandboxes carry ``io.kubernetes.pod.{name,namespace,uid}`` plus the pod's labels, and no
+  ``flexlease.io/no-kubelet`` (kubelet knows nothing of it).
+* Containers are created with the **image ID** (``sha256:…``, CRI ``ImageStatus`` after an
+  ensure-pull), with the spec's reference only in ``ImageSpec.user_specified_image``; they
+  carry the annotations ``io.kubernetes.container.hash`` (hex hash of the container spec),
+  ``io.kubernetes.container.restartCount`` (= ``metadata.attempt``) and
+  ``io.kubernetes.pod.terminationGracePeriod``; logs at ``<name>/<restartCount>.log``.
+* **Spec change**: a running container whose hash differs from the spec's is killed with the
+  pod's ``terminationGracePeriodSeconds`` (default 30) and started again from the spec,
+  whatever the ``restartPolicy`` ("Container … definition changed, will be restarted").
+* **Restart**: the newest container of a name (by creation) that is not running is restarted
+  when ``ShouldContainerBeRestarted`` says so: always when ``Created``/``Unknown`` (so a
+  replacement someone else created but has not started yet makes it start its own — the
+  ``direct`` race), never for ``Never``, only on a non-zero exit code for ``OnFailure``.
+* **Crash-loop back-off** per pod, container and spec hash: the first restart is at once and
+  arms 10 s; a restart while ``now − exit < back-off`` waits (a ``BackOff`` event, "back-off
+  10s restarting failed container=…"); each restart doubles it up to 300 s; an entry not
+  updated for 2 × 300 s (10 min) starts from 10 s again.
+* **Pod end**: when every container has exited and none is to be restarted, the pod's phase
+  becomes ``Succeeded`` (all exit codes 0) or ``Failed`` and the sandbox is stopped.
+* Container GC keeps the newest dead container of each name (``MaxPerPodContainer`` = 1).
+
+Where it differs: it polls (:meth:`StandInKubelet.sync_once`, or :meth:`run` every
+``period_seconds``) instead of reacting to PLEG; an exit's time is when it first saw the
+container exited, on its own ``clock`` (kubelet uses the runtime's ``finished_at`` on its
+clock), so tests drive back-off with a fake clock; the spec hash is FNV-32a of the container's
+canonical JSON (kubelet hashes its Go JSON: the same property — any change to the container
+spec, its image string included, changes the hash); volumes other than none are not mounted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from flexlease import errors
+from flexlease.cri import api_pb2
+from flexlease.store.base import JsonObj, Kind, Selector, Store
+from nodeagent.cri import podspec
+from nodeagent.cri.client import (
+    ANN_CONTAINER_HASH,
+    ANN_CONTAINER_RESTART_COUNT,
+    ANN_POD_TERMINATION_GRACE_PERIOD,
+    ContainerInfo,
+    ContainerState,
+    GrpcCri,
+)
+
+log = logging.getLogger(__name__)
+
+BACKOFF_INITIAL_SECONDS: Final = 10.0
+"""kubelet's ``backOffPeriod`` (pkg/kubelet/kubelet.go)."""
+BACKOFF_MAX_SECONDS: Final = 300.0
+"""kubelet's ``MaxContainerBackOff``."""
+DEFAULT_GRACE_SECONDS: Final = 30
+"""The API server's default ``terminationGracePeriodSeconds``."""
+
+
+class Backoff:
+    """client-go ``flowcontrol.Backoff`` without jitter, on an injectable ``clock`` (seconds).
+
+    ``is_in_backoff_since(key, t)``: an entry exists, was updated within 2 × ``maximum`` of
+    ``t``, and ``clock() − t`` < its back-off. ``next(key, t)``: a new or expired entry gets
+    ``initial``, else the back-off doubles up to ``maximum``; the entry's update time is
+    ``clock()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        initial: float = BACKOFF_INITIAL_SECONDS,
+        maximum: float = BACKOFF_MAX_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._clock = clock
+        self._entries: dict[str, tuple[float, float]] = {}
+
+    def _expired(self, event_time: float, last_update: float) -> bool:
+        return event_time - last_update > 2 * self.maximum
+
+    def get(self, key: str) -> float:
+        """The current back-off of ``key`` in seconds (0 when none)."""
+        entry = self._entries.get(key)
+        return entry[0] if entry else 0.0
+
+    def is_in_backoff_since(self, key: str, event_time: float) -> bool:
+        entry = self._entries.get(key)
+        if entry is None or self._expired(event_time, entry[1]):
+            return False
+        return self._clock() - event_time < entry[0]
+
+    def next(self, key: str, event_time: float) -> None:
+        entry = self._entries.get(key)
+        if entry is None or self._expired(event_time, entry[1]):
+            backoff = self.initial
+        else:
+            backoff = min(entry[0] * 2, self.maximum)
+        self._entries[key] = (backoff, self._clock())
+
+
+def hash_container(container: JsonObj) -> str:
+    """The container spec's hash, hex (FNV-32a of its canonical JSON; see the module
+    docstring for how it relates to kubelet's ``HashContainer``)."""
+    data = json.dumps(container, sort_keys=True, separators=(",", ":")).encode()
+    h = 0x811C9DC5
+    for byte in data:
+        h ^= byte
+        h = (h * 0x01000193) & 0xFFFFFFFF
+    return format(h, "x")
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletEvent:
+    """An Event kubelet would record: ``reason`` (``Pulled``, ``Created``, ``Started``,
+    ``Killing``, ``BackOff``), the container, the message; ``at``: the stand-in's clock."""
+
+    pod: str
+    reason: str
+    container: str
+    message: str
+    at: float
+
+
+@dataclass
+class _PodState:
+    sandbox_id: str
+    sandbox_config: api_pb2.PodSandboxConfig
+    ref: podspec.PodRef
+    phase: str = "Running"
+    exits: dict[str, float] = field(default_factory=dict)  # container id → first seen exited
+
+
+class StandInKubelet:
+    """Runs the pods ``store`` binds to ``node`` on the CRI runtime ``cri``.
+
+    ``log_root``, ``cgroup_parent``: where sandboxes put logs and cgroups (the testbed's).
+    ``clock``: seconds, for back-off and event times. ``period_seconds``: :meth:`run`'s sync
+    period. :attr:`events` lists what kubelet would have recorded; :attr:`starts` counts the
+    containers it started.
+    """
+
+    def __init__(
+        self,
+        cri: GrpcCri,
+        store: Store,
+        *,
+        node: str,
+        log_root: Path,
+        cgroup_parent: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        period_seconds: float = 0.05,
+    ) -> None:
+        self.cri = cri
+        self.store = store
+        self.node = node
+        self.log_root = log_root
+        self.cgroup_parent = cgroup_parent
+        self.clock = clock
+        self.period_seconds = period_seconds
+        self.backoff = Backoff(clock=clock)
+        self.events: list[KubeletEvent] = []
+        self.starts = 0
+        self._pods: dict[str, _PodState] = {}
+
+    def sandbox_id(self, namespace: str, name: str) -> str:
+        """The sandbox the stand-in runs for the pod. Raises ``KeyError`` before the first sync."""
+        return self._pods[f"{namespace}/{name}"].sandbox_id
+
+    async def run(self) -> None:
+        """Sync every ``period_seconds`` until cancelled."""
+        while True:
+            await self.sync_once()
+            await asyncio.sleep(self.period_seconds)
+
+    async def sync_once(self) -> None:
+        """One pass over the node's pods (SyncPod for each)."""
+        listed = await self.store.list(Kind.POD, selector=Selector(fields={"spec.nodeName": self.node}))
+        for pod in listed.items:
+            await self.sync_pod(pod)
+
+    async def sync_pod(self, pod: JsonObj) -> None:
+        """SyncPod: run the sandbox, kill changed containers, (re)start what should run,
+        end the pod when nothing will run again, collect dead containers."""
+        meta = pod["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        state = self._pods.get(key)
+        if state is None:
+            state = await self._run_sandbox(pod)
+            self._pods[key] = state
+        if state.phase != "Running":
+            return
+        spec = pod.get("spec") or {}
+        policy = str(spec.get("restartPolicy") or "Always")
+        grace = int(spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+        found = await self.cri.list_containers(sandbox_id=state.sandbox_id)
+        done: list[ContainerInfo] = []
+        for container in spec.get("containers") or []:
+            name = container["name"]
+            mine = sorted((c for c in found if c.name == name), key=lambda c: c.created_at_ns, reverse=True)
+            for c in mine:
+                if c.state is ContainerState.EXITED:
+                    state.exits.setdefault(c.id, self.clock())
+            await self._gc(mine)
+            latest = mine[0] if mine else None
+            wanted = hash_container(container)
+            if latest is not None and latest.state is ContainerState.RUNNING:
+                if latest.annotations.get(ANN_CONTAINER_HASH) != wanted:
+                    self._event(
+                        key, "Killing", name, f"Container {name} definition changed, will be restarted"
+                    )
+                    await self.cri.stop_container(latest.id, timeout_seconds=grace)
+                    state.exits[latest.id] = self.clock()
+                    await self._start(pod, state, container, wanted, restart_count=latest.attempt + 1)
+                continue
+            if latest is None:
+                await self._start(pod, state, container, wanted, restart_count=0)
+                continue
+            if latest.state is ContainerState.EXITED:
+                latest = await self.cri.container_status(latest.id)  # exit code
+                if not _should_restart(policy, latest):
+                    done.append(latest)
+                    continue
+                backoff_key = f"{meta['name']}_{meta['namespace']}_{meta['uid']}_{name}_{wanted}"
+                exited_at = state.exits.get(latest.id, self.clock())
+                if self.backoff.is_in_backoff_since(backoff_key, exited_at):
+                    self._event(
+                        key,
+                        "BackOff",
+                        name,
+                        f"back-off {self.backoff.get(backoff_key):g}s restarting failed container={name} "
+                        f"pod={meta['name']}_{meta['namespace']}({meta['uid']})",
+                    )
+                    continue
+                self.backoff.next(backoff_key, exited_at)
+            # Created or Unknown (someone else's replacement not started yet) or a restart.
+            await self._start(pod, state, container, wanted, restart_count=latest.attempt + 1)
+        containers = spec.get("containers") or []
+        if containers and len(done) == len(containers):
+            await self._end(pod, state, done)
+
+    async def _run_sandbox(self, pod: JsonObj) -> _PodState:
+        meta = pod["metadata"]
+        ref = podspec.PodRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+        config = podspec.sandbox_config(
+            ref,
+            self.log_root,
+            cgroup_parent=self.cgroup_parent,
+            labels=meta.get("labels") or {},
+            no_kubelet=False,
+        )
+        sandbox_id = await self.cri.run_pod_sandbox(config)
+        return _PodState(sandbox_id, config, ref)
+
+    async def _image_id(self, image: str) -> str:
+        """EnsureImageExists: the image ID, pulling when the image is not on the node."""
+        info = await self.cri.image_status(image)
+        if info is None:
+            await self.cri.pull_image(image)
+            info = await self.cri.image_status(image)
+            if info is None:
+                raise errors.CriError(f"{image}: pulled but ImageStatus finds nothing")
+        return info.id
+
+    async def _start(
+        self, pod: JsonObj, state: _PodState, container: JsonObj, spec_hash: str, *, restart_count: int
+    ) -> str:
+        name = container["name"]
+        key = f"{state.ref.namespace}/{state.ref.name}"
+        image_id = await self._image_id(container["image"])
+        env = {str(e["name"]): str(e.get("value", "")) for e in container.get("env") or []}
+        spec = podspec.ContainerSpec(
+            name=name,
+            image=image_id,
+            command=tuple(container.get("command") or ()),
+            args=tuple(container.get("args") or ()),
+            env=env,
+        )
+        config = podspec.container_config(state.ref, spec, attempt=restart_count)
+        config.image.user_specified_image = container["image"]
+        grace = int((pod.get("spec") or {}).get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
+        config.annotations[ANN_CONTAINER_HASH] = spec_hash
+        config.annotations[ANN_CONTAINER_RESTART_COUNT] = str(restart_count)
+        config.annotations[ANN_POD_TERMINATION_GRACE_PERIOD] = str(grace)
+        cid = await self.cri.create_container(state.sandbox_id, config, state.sandbox_config)
+        self._event(key, "Created", name, f"Created container {name}")
+        await self.cri.start_container(cid)
+        self._event(key, "Started", name, f"Started container {name} ({image_id}, attempt {restart_count})")
+        self.starts += 1
+        return cid
+
+    async def _gc(self, newest_first: list[ContainerInfo]) -> None:
+        """Keep the newest dead container of the name, remove older dead ones."""
+        dead = [c for c in newest_first if c.state is ContainerState.EXITED]
+        for c in dead[1:]:
+            try:
+                await self.cri.remove_container(c.id)
+            except errors.CriNotFound:
+                continue
+
+    async def _end(self, pod: JsonObj, state: _PodState, exited: list[ContainerInfo]) -> None:
+        meta = pod["metadata"]
+        phase = "Succeeded" if all(c.exit_code == 0 for c in exited) else "Failed"
+        state.phase = phase
+        await self.cri.stop_pod_sandbox(state.sandbox_id)
+        await self.store.patch(
+            Kind.POD,
+            meta["name"],
+            {"status": {"phase": phase}},
+            namespace=meta["namespace"],
+            subresource="status",
+        )
+        log.info("pod ended", extra={"pod": f"{meta['namespace']}/{meta['name']}", "phase": phase})
+
+    def _event(self, pod: str, reason: str, container: str, message: str) -> None:
+        self.events.append(KubeletEvent(pod, reason, container, message, self.clock()))
+
+
+def _should_restart(policy: str, latest: ContainerInfo) -> bool:
+    """``ShouldContainerBeRestarted`` for an exited container."""
+    if policy == "Never":
+        return False
+    if policy == "OnFailure":
+        return latest.exit_code != 0
+    return True
