@@ -141,7 +141,9 @@ class AgentSettings(_Group):
     image_pull_timeout_seconds: float = Field(default=600.0, gt=0)
     checkpoint_dir: Path = Path("/var/lib/flexlease-agent/checkpoints")
     checkpoint_cache_bytes: int = Field(default=200 * 1024**3, gt=0)
-    hot_restart_strategy: Literal["direct", "kubelet"] = "kubelet"
+    hot_restart_strategy: Literal["auto", "direct", "kubelet"] = "auto"
+    """For hot-restart requests naming none: ``auto`` picks ``kubelet`` for sandboxes a kubelet
+    manages and ``direct`` for those flexlease runs itself (``flexlease.io/no-kubelet``)."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 

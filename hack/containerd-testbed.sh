@@ -15,7 +15,8 @@
 #   FLEXLEASE_TESTBED_REGISTRY (127.0.0.1:PORT), FLEXLEASE_TESTBED_PAUSE_IMAGE,
 #   FLEXLEASE_TESTBED_TRAINER_V1, FLEXLEASE_TESTBED_TRAINER_V2 (loaded locally),
 #   FLEXLEASE_TESTBED_LARGE_IMAGE (only in the registry; its own random layer of
-#   FLEXLEASE_TESTBED_LARGE_MIB MiB, default 64), FLEXLEASE_TESTBED_CNI_SUBNET,
+#   FLEXLEASE_TESTBED_LARGE_MIB MiB, default 64), FLEXLEASE_TESTBED_REGISTRY_TRAINER (trainer v1,
+#   only in the registry: pulled, it has a repo digest), FLEXLEASE_TESTBED_CNI_SUBNET,
 #   FLEXLEASE_TESTBED_CGROUP_PARENT.
 # Images: each trainer image runs `sh -c 'trap "exit 0" TERM; ...; sleep & wait'`, writes
 # /etc/trainer-version (v1, v2, large) and exits promptly on SIGTERM.
@@ -260,6 +261,10 @@ push_large() {
     "docker-archive:$DIR/images/trainer-large.tar" \
     "docker://127.0.0.1:$port/flexlease/trainer-large:v1" >&2 \
     || die "skopeo copy to the local registry failed"
+  skopeo copy --quiet --insecure-policy --dest-tls-verify=false \
+    "docker-archive:$DIR/images/trainer-v1.tar" \
+    "docker://127.0.0.1:$port/flexlease/trainer:v1" >&2 \
+    || die "skopeo copy of trainer v1 to the local registry failed"
 }
 
 print_env() {
@@ -375,6 +380,7 @@ FLEXLEASE_TESTBED_PAUSE_IMAGE=$PAUSE_IMAGE
 FLEXLEASE_TESTBED_TRAINER_V1=$TRAINER_V1
 FLEXLEASE_TESTBED_TRAINER_V2=$TRAINER_V2
 FLEXLEASE_TESTBED_LARGE_IMAGE=127.0.0.1:$port/flexlease/trainer-large:v1
+FLEXLEASE_TESTBED_REGISTRY_TRAINER=127.0.0.1:$port/flexlease/trainer:v1
 FLEXLEASE_TESTBED_LARGE_MIB=$LARGE_MIB
 FLEXLEASE_TESTBED_LARGE_ARCHIVE_BYTES=$large_bytes
 FLEXLEASE_TESTBED_CNI_SUBNET=$subnet

@@ -179,6 +179,20 @@ class StandInKubelet:
         """The sandbox the stand-in runs for the pod. Raises ``KeyError`` before the first sync."""
         return self._pods[f"{namespace}/{name}"].sandbox_id
 
+    def phase(self, namespace: str, name: str) -> str:
+        """The pod's phase as the stand-in sees it (``Running``, ``Succeeded``, ``Failed``)."""
+        return self._pods[f"{namespace}/{name}"].phase
+
+    async def remove_all(self) -> None:
+        """Stop and remove every sandbox the stand-in ran (test teardown)."""
+        for state in self._pods.values():
+            try:
+                await self.cri.stop_pod_sandbox(state.sandbox_id)
+                await self.cri.remove_pod_sandbox(state.sandbox_id)
+            except errors.CriNotFound:
+                continue
+        self._pods.clear()
+
     async def run(self) -> None:
         """Sync every ``period_seconds`` until cancelled."""
         while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from flexlease.store.kube_util import EventRecorder
 from nodeagent.cache.component import CacheComponent, NodeRuntime
 from nodeagent.hotrestart.controller import HotRestartController, HotRestartMetrics
 from nodeagent.hotrestart.model import Strategy
@@ -34,14 +35,16 @@ class HotRestartComponent:
 
     async def run(self, ctx: AgentContext) -> None:
         s = ctx.settings.agent
-        restarter = HotRestarter(self.runtime.cri, self.runtime.images)
+        restarter = HotRestarter(self.runtime.cri, self.runtime.images, images=self.runtime.cri)
         self.controller = HotRestartController(
             ctx.store,
             self.runtime.cri,
             restarter,
             node=ctx.node,
-            default_strategy=Strategy(s.hot_restart_strategy),
+            default_strategy=None if s.hot_restart_strategy == "auto" else Strategy(s.hot_restart_strategy),
             metrics=self.metrics,
+            images=self.runtime.cri,
+            events=EventRecorder(ctx.store, component="flexlease-agent", instance=ctx.node),
         )
         await self.controller.run()
 

@@ -6,7 +6,10 @@ registry on 127.0.0.1 holding a larger image; tears it all down at the end. It n
 when the testbed cannot start, every test using it fails with the script's reason.
 
 ``cri`` (function): a connected :class:`GrpcCri` on that socket. ``pods`` (function): creates
-kubelet-like sandboxes and containers and removes whatever a test left behind.
+sandboxes and containers the way flexlease runs them where no kubelet exists (marked
+``flexlease.io/no-kubelet``) and removes whatever a test left behind. ``standin_kubelet``
+(function): a factory of :class:`standins.kubelet_pods.StandInKubelet` on the testbed for a
+store and node; their sandboxes are removed at teardown.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import os
 import subprocess
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,8 +26,10 @@ import pytest
 
 from flexlease import errors
 from flexlease.cri import api_pb2
+from flexlease.store.base import Store
 from nodeagent.cri import podspec
 from nodeagent.cri.client import GrpcCri
+from standins.kubelet_pods import StandInKubelet
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "containerd-testbed.sh"
@@ -41,6 +46,7 @@ class ContainerdTestbed:
     trainer_v1: str
     trainer_v2: str
     large_image: str
+    registry_trainer: str
     cni_subnet: str
     cgroup_parent: str
 
@@ -107,6 +113,7 @@ def containerd_testbed() -> Iterator[ContainerdTestbed]:
             trainer_v1=env["FLEXLEASE_TESTBED_TRAINER_V1"],
             trainer_v2=env["FLEXLEASE_TESTBED_TRAINER_V2"],
             large_image=env["FLEXLEASE_TESTBED_LARGE_IMAGE"],
+            registry_trainer=env["FLEXLEASE_TESTBED_REGISTRY_TRAINER"],
             cni_subnet=env["FLEXLEASE_TESTBED_CNI_SUBNET"],
             cgroup_parent=env["FLEXLEASE_TESTBED_CGROUP_PARENT"],
         )
@@ -176,3 +183,31 @@ async def pods(cri: GrpcCri, containerd_testbed: ContainerdTestbed) -> AsyncIter
         yield factory
     finally:
         await factory.remove_all()
+
+
+KubeletFactory = Callable[..., StandInKubelet]
+
+
+@pytest.fixture
+async def standin_kubelet(
+    cri: GrpcCri, containerd_testbed: ContainerdTestbed
+) -> AsyncIterator[KubeletFactory]:
+    made: list[StandInKubelet] = []
+
+    def make(store: Store, node: str, **kw: object) -> StandInKubelet:
+        kubelet = StandInKubelet(
+            cri,
+            store,
+            node=node,
+            log_root=containerd_testbed.log_root,
+            cgroup_parent=containerd_testbed.cgroup_parent,
+            **kw,  # type: ignore[arg-type]
+        )
+        made.append(kubelet)
+        return kubelet
+
+    try:
+        yield make
+    finally:
+        for kubelet in made:
+            await kubelet.remove_all()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -267,87 +267,3 @@ async def test_containerd_restart_during_the_operation_resumes(
     assert [c.id for c in running] == [status.container_id]
     assert running[0].attempt == 1
     assert await _version(cri, running[0].id) == b"v2"
-
-
-class _StandInKubelet:
-    """kubelet's restart loop for the pods it is given (restartPolicy Always): when the latest
-    instance of a container has exited, it creates attempt + 1 from the image in the pod's
-    spec (read from the store) and starts it, in the same sandbox."""
-
-    def __init__(self, cri: GrpcCri, store: MemoryStore, pods: Sequence[Pod]) -> None:
-        self.cri = cri
-        self.store = store
-        self.pods = pods
-        self.restarts = 0
-
-    async def run(self) -> None:
-        while True:
-            for pod in self.pods:
-                await self._sync(pod)
-            await asyncio.sleep(0.05)
-
-    async def _sync(self, pod: Pod) -> None:
-        obj = await self.store.get(Kind.POD, pod.ref.name, namespace=pod.ref.namespace)
-        for spec in obj["spec"]["containers"]:
-            mine = [
-                c for c in await self.cri.list_containers(sandbox_id=pod.sandbox_id) if c.name == spec["name"]
-            ]
-            if not mine:
-                continue
-            latest = max(mine, key=lambda c: c.attempt)
-            if latest.state is not ContainerState.EXITED:
-                continue
-            cspec = podspec.ContainerSpec(
-                name=spec["name"], image=spec["image"], env={"POD_NAME": pod.ref.name}
-            )
-            config = podspec.container_config(pod.ref, cspec, attempt=latest.attempt + 1)
-            cid = await self.cri.create_container(pod.sandbox_id, config, pod.sandbox_config)
-            await self.cri.start_container(cid)
-            await self.cri.remove_container(latest.id)
-            self.restarts += 1
-
-
-async def test_kubelet_strategy_waits_for_kubelets_replacement(
-    cri: GrpcCri, pods: Pods, store: MemoryStore, containerd_testbed: ContainerdTestbed
-) -> None:
-    pod = await _pod(store, pods, "job-5", containerd_testbed.trainer_v1)
-    before = await cri.pod_sandbox_status(pod.sandbox_id)
-    kubelet = _StandInKubelet(cri, store, [pod])
-    kubelet_task = asyncio.create_task(kubelet.run(), name="test:kubelet")
-    try:
-        async with _running(_controller(store, cri, strategy=Strategy.KUBELET)):
-            # The operator patches the spec's image and asks for a hot restart (paper §3.3).
-            await store.patch(
-                Kind.POD,
-                "job-5",
-                {"spec": {"containers": [{"name": "trainer", "image": containerd_testbed.trainer_v2}]}},
-                namespace="default",
-            )
-            await _request(
-                store, "job-5", id="r-kubelet", container="trainer", image=containerd_testbed.trainer_v2
-            )
-            status = await _final_status(store, "job-5", "r-kubelet")
-    finally:
-        kubelet_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await kubelet_task
-    assert status.phase is Phase.SUCCEEDED, status.message
-    assert status.strategy is Strategy.KUBELET
-    assert kubelet.restarts == 1
-    new = await cri.container_status(status.container_id or "")
-    assert (new.state, new.attempt, new.sandbox_id) == (ContainerState.RUNNING, 1, pod.sandbox_id)
-    assert await _version(cri, new.id) == b"v2"
-    assert (await cri.pod_sandbox_status(pod.sandbox_id)).ip == before.ip
-
-
-async def test_kubelet_strategy_without_a_kubelet_times_out(
-    cri: GrpcCri, pods: Pods, store: MemoryStore, containerd_testbed: ContainerdTestbed
-) -> None:
-    await _pod(store, pods, "job-6", containerd_testbed.trainer_v1)
-    async with _running(_controller(store, cri, strategy=Strategy.KUBELET, kubelet_wait=0.5)):
-        await _request(
-            store, "job-6", id="r-nokubelet", container="trainer", image=containerd_testbed.trainer_v2
-        )
-        status = await _final_status(store, "job-6", "r-nokubelet")
-    assert status.phase is Phase.FAILED
-    assert status.message == "kubelet did not start a replacement within 0.5 s"

@@ -1,0 +1,302 @@
+"""The ``kubelet`` strategy end to end on the testbed's real containerd, with the faithful stand-in
+kubelet (``standins.kubelet_pods``) running the pods from a MemoryStore: containers created by
+image ID, restarts on a spec-hash change, crash-loop back-off, restartPolicy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from flexlease.api import keys
+from flexlease.store.base import JsonObj, Kind
+from flexlease.store.kube_util import EventRecorder
+from flexlease.store.memory import MemoryStore
+from nodeagent.cache.images import ImageMetrics, ImagePuller
+from nodeagent.cri.client import ANN_CONTAINER_HASH, ContainerInfo, ContainerState, GrpcCri
+from nodeagent.hotrestart.controller import HotRestartController
+from nodeagent.hotrestart.decide import Restart
+from nodeagent.hotrestart.model import HotRestartStatus, Phase, Strategy, parse_status
+from nodeagent.hotrestart.restarter import HotRestarter
+from standins.kubelet_pods import StandInKubelet
+from tests.nodeagent.conftest import ContainerdTestbed, KubeletFactory
+
+pytestmark = pytest.mark.containerd
+
+NODE = "gpu-node-1"
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MemoryStore]:
+    s = MemoryStore()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def _kpod(store: MemoryStore, name: str, image: str, *, policy: str = "Always") -> JsonObj:
+    return await store.create(
+        Kind.POD,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": "trainer"}},
+            "spec": {
+                "nodeName": NODE,
+                "restartPolicy": policy,
+                "terminationGracePeriodSeconds": 5,
+                "containers": [{"name": "trainer", "image": image, "env": [{"name": "POD", "value": name}]}],
+            },
+        },
+    )
+
+
+def _controller(store: MemoryStore, cri: GrpcCri, *, kubelet_wait: float = 30.0) -> HotRestartController:
+    puller = ImagePuller(cri, ImageMetrics(CollectorRegistry()))
+    restarter = HotRestarter(cri, puller, stop_timeout_seconds=5, kubelet_wait_seconds=kubelet_wait)
+    return HotRestartController(
+        store,
+        cri,
+        restarter,
+        node=NODE,
+        default_strategy=None,
+        events=EventRecorder(store, component="flexlease-agent", instance=NODE),
+    )
+
+
+@contextlib.asynccontextmanager
+async def _running(*coros: Any) -> AsyncIterator[None]:
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+
+async def _request(store: MemoryStore, name: str, **request: str) -> None:
+    await store.patch(
+        Kind.POD,
+        name,
+        {"metadata": {"annotations": {keys.ANN_HOT_RESTART: json.dumps(request)}}},
+        namespace="default",
+    )
+
+
+async def _final(store: MemoryStore, name: str, request_id: str, *, within: float = 60) -> HotRestartStatus:
+    async with asyncio.timeout(within):
+        while True:
+            pod = await store.get(Kind.POD, name, namespace="default")
+            status = parse_status(pod["metadata"].get("annotations", {}).get(keys.ANN_HOT_RESTART_STATUS))
+            if status is not None and status.id == request_id and status.phase.final:
+                return status
+            await asyncio.sleep(0.05)
+
+
+async def _trainers(cri: GrpcCri, sandbox_id: str, *, running: bool = True) -> list[ContainerInfo]:
+    found = [c for c in await cri.list_containers(sandbox_id=sandbox_id) if c.name == "trainer"]
+    found = [c for c in found if c.state is ContainerState.RUNNING or not running]
+    return sorted(found, key=lambda c: c.attempt)
+
+
+async def _version(cri: GrpcCri, container_id: str) -> bytes:
+    out = await cri.exec_sync(container_id, ["cat", "/etc/trainer-version"], timeout_seconds=5)
+    return out.stdout.strip()
+
+
+async def _spec_image(store: MemoryStore, name: str) -> str:
+    pod = await store.get(Kind.POD, name, namespace="default")
+    return str(pod["spec"]["containers"][0]["image"])
+
+
+async def _events(store: MemoryStore, reason: str) -> list[JsonObj]:
+    return [e for e in (await store.list(Kind.EVENT)).items if e["reason"] == reason]
+
+
+async def test_kubelet_strategy_patches_the_image_and_confirms_by_image_id(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    tb = containerd_testbed
+    await _kpod(store, "job-k1", tb.trainer_v1)
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    sandbox_id = kubelet.sandbox_id("default", "job-k1")
+    before = await cri.pod_sandbox_status(sandbox_id)
+    [old] = await _trainers(cri, sandbox_id)
+    v1 = await cri.image_status(tb.trainer_v1)
+    v2 = await cri.image_status(tb.trainer_v2)
+    assert v1 is not None and v2 is not None
+    # kubelet creates containers by image ID: the tag is nowhere in what CRI lists.
+    assert old.image == v1.id and old.image_ref == v1.id and ANN_CONTAINER_HASH in old.annotations
+
+    async with _running(kubelet.run(), _controller(store, cri).run()):
+        await _request(store, "job-k1", id="r1", container="trainer", image=tb.trainer_v2)
+        status = await _final(store, "job-k1", "r1")
+
+    assert status.phase is Phase.SUCCEEDED, status.message
+    assert status.strategy is Strategy.KUBELET
+    assert status.spec_image == tb.trainer_v2 and await _spec_image(store, "job-k1") == tb.trainer_v2
+    assert status.image_id == v2.id
+    assert status.previous_container_id == old.id and status.attempt == 1
+    assert status.pause_seconds is not None and status.pause_seconds >= 0
+    [new] = await _trainers(cri, sandbox_id)
+    assert status.container_id == new.id and new.image == v2.id and new.attempt == 1
+    assert await _version(cri, new.id) == b"v2"
+    after = await cri.pod_sandbox_status(sandbox_id)
+    assert (after.id, after.uid, after.ip) == (before.id, before.uid, before.ip)
+    # kubelet did the restart (spec change), the agent stopped nothing; no back-off.
+    reasons = [(e.reason, e.message) for e in kubelet.events]
+    assert ("Killing", "Container trainer definition changed, will be restarted") in reasons
+    assert not [r for r, _ in reasons if r == "BackOff"]
+
+
+async def test_same_image_restart_switches_tag_and_digest_without_backoff(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    image = containerd_testbed.registry_trainer  # pulled from the registry: it has a repo digest
+    await _kpod(store, "job-k2", image)
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    sandbox_id = kubelet.sandbox_id("default", "job-k2")
+    info = await cri.image_status(image)
+    assert info is not None and info.repo_digests
+    digest_form = f"{image.rsplit(':', 1)[0]}@{info.repo_digests[0].split('@', 1)[1]}"
+
+    async with _running(kubelet.run(), _controller(store, cri).run()):
+        await _request(store, "job-k2", id="same-1", container="trainer", image=image)
+        first = await _final(store, "job-k2", "same-1")
+        # A second reconfiguration soon after: the spec switches back, again no back-off.
+        await _request(store, "job-k2", id="same-2", container="trainer", image=image)
+        second = await _final(store, "job-k2", "same-2")
+
+    assert first.phase is Phase.SUCCEEDED, first.message
+    assert first.spec_image == digest_form and first.image_id == info.id and first.attempt == 1
+    assert second.phase is Phase.SUCCEEDED, second.message
+    assert second.spec_image == image and second.attempt == 2
+    assert await _spec_image(store, "job-k2") == image
+    [running] = await _trainers(cri, sandbox_id)
+    assert running.id == second.container_id and running.image == info.id and running.attempt == 2
+    assert kubelet.starts == 3
+    assert not [e for e in kubelet.events if e.reason == "BackOff"]
+
+
+async def test_jobs_refuse_same_image_restarts_and_take_image_changes(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    tb = containerd_testbed
+    await _kpod(store, "job-k3", tb.trainer_v1, policy="OnFailure")
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    sandbox_id = kubelet.sandbox_id("default", "job-k3")
+    [old] = await _trainers(cri, sandbox_id)
+
+    async with _running(kubelet.run(), _controller(store, cri).run()):
+        await _request(store, "job-k3", id="same", container="trainer", image=tb.trainer_v1)
+        refused = await _final(store, "job-k3", "same")
+        assert refused.phase is Phase.FAILED
+        assert refused.message is not None and "restartPolicy OnFailure" in refused.message
+        assert refused.container_id == old.id  # names what runs: the untouched old container
+        [event] = await _events(store, "HotRestartRefused")
+        assert event["type"] == "Warning" and "restartPolicy OnFailure" in event["message"]
+        assert [c.id for c in await _trainers(cri, sandbox_id)] == [old.id]
+
+        await _request(store, "job-k3", id="new", container="trainer", image=tb.trainer_v2)
+        changed = await _final(store, "job-k3", "new")
+
+    assert changed.phase is Phase.SUCCEEDED, changed.message
+    assert kubelet.phase("default", "job-k3") == "Running"  # the Job's pod lives on
+    [new] = await _trainers(cri, sandbox_id)
+    assert new.id == changed.container_id and await _version(cri, new.id) == b"v2"
+
+
+async def test_direct_is_refused_on_a_kubelet_pod(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    await _kpod(store, "job-k4", containerd_testbed.trainer_v1)
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    sandbox_id = kubelet.sandbox_id("default", "job-k4")
+    [old] = await _trainers(cri, sandbox_id)
+    async with _running(kubelet.run(), _controller(store, cri).run()):
+        await _request(
+            store,
+            "job-k4",
+            id="d",
+            container="trainer",
+            image=containerd_testbed.trainer_v2,
+            strategy="direct",
+        )
+        status = await _final(store, "job-k4", "d")
+    assert status.phase is Phase.FAILED and status.strategy is Strategy.DIRECT
+    assert status.message is not None and "managed by kubelet" in status.message
+    assert await _events(store, "HotRestartRefused")
+    assert [c.id for c in await _trainers(cri, sandbox_id)] == [old.id]
+
+
+class _KubeletSyncsAfterStop:
+    """The real client; right after each StopContainer the stand-in kubelet syncs — the moment
+    a real kubelet's PLEG sees the old container die before the agent starts its replacement."""
+
+    def __init__(self, inner: GrpcCri, kubelet: StandInKubelet) -> None:
+        self._inner = inner
+        self._kubelet = kubelet
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def stop_container(self, container_id: str, *, timeout_seconds: int) -> None:
+        await self._inner.stop_container(container_id, timeout_seconds=timeout_seconds)
+        await self._kubelet.sync_once()
+
+
+async def test_the_standin_reproduces_the_direct_race(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    """Why ``direct`` is refused on kubelet pods: forced through the restarter, kubelet starts
+    its own copy from the spec and two trainers run in one sandbox."""
+    tb = containerd_testbed
+    await _kpod(store, "job-k5", tb.trainer_v1)
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    sandbox_id = kubelet.sandbox_id("default", "job-k5")
+    [old] = await _trainers(cri, sandbox_id)
+    racing = _KubeletSyncsAfterStop(cri, kubelet)
+    restarter = HotRestarter(
+        racing, ImagePuller(cri, ImageMetrics(CollectorRegistry())), stop_timeout_seconds=5
+    )  # type: ignore[arg-type]
+    outcome = await restarter.execute(
+        Restart(sandbox_id, old, 1, tb.trainer_v2, Strategy.DIRECT), pod="default/job-k5"
+    )
+    assert outcome.succeeded  # the agent alone cannot tell
+    running = await _trainers(cri, sandbox_id)
+    assert len(running) == 2
+    assert sorted([await _version(cri, c.id) for c in running]) == [b"v1", b"v2"]
+
+
+async def test_kubelet_strategy_without_a_running_kubelet_times_out_and_stops_nothing(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    await _kpod(store, "job-k6", containerd_testbed.trainer_v1)
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()  # ran the pod, then stopped syncing
+    sandbox_id = kubelet.sandbox_id("default", "job-k6")
+    [old] = await _trainers(cri, sandbox_id)
+    async with _running(_controller(store, cri, kubelet_wait=0.5).run()):
+        await _request(store, "job-k6", id="t", container="trainer", image=containerd_testbed.trainer_v2)
+        status = await _final(store, "job-k6", "t")
+    assert status.phase is Phase.FAILED
+    assert status.message == (
+        f"kubelet did not restart 'trainer' within 0.5 s of the pod spec's image being set to "
+        f"{containerd_testbed.trainer_v2}"
+    )
+    assert status.container_id == old.id
+    assert [c.id for c in await _trainers(cri, sandbox_id)] == [old.id]

@@ -1,0 +1,180 @@
+"""The stand-in kubelet (standins.kubelet_pods) behaves like kubelet on a real containerd: image
+IDs and kubelet's annotations, crash-loop back-off on an injectable clock, restartPolicy,
+spec-change restarts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from flexlease.api import keys
+from flexlease.store.base import JsonObj, Kind
+from flexlease.store.memory import MemoryStore
+from nodeagent.cri.client import (
+    ANN_CONTAINER_HASH,
+    ANN_CONTAINER_RESTART_COUNT,
+    LABEL_POD_UID,
+    ContainerInfo,
+    ContainerState,
+    GrpcCri,
+    SandboxState,
+)
+from standins.kubelet_pods import StandInKubelet, hash_container
+from tests.nodeagent.conftest import ContainerdTestbed, KubeletFactory
+
+pytestmark = pytest.mark.containerd
+
+NODE = "node-a"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MemoryStore]:
+    s = MemoryStore()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def _pod(store: MemoryStore, name: str, image: str, policy: str = "Always") -> JsonObj:
+    return await store.create(
+        Kind.POD,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "nodeName": NODE,
+                "restartPolicy": policy,
+                "terminationGracePeriodSeconds": 3,
+                "containers": [{"name": "trainer", "image": image}],
+            },
+        },
+    )
+
+
+async def _trainers(cri: GrpcCri, kubelet: StandInKubelet, name: str) -> list[ContainerInfo]:
+    sid = kubelet.sandbox_id("default", name)
+    return sorted(
+        (c for c in await cri.list_containers(sandbox_id=sid) if c.name == "trainer"), key=lambda c: c.attempt
+    )
+
+
+async def _running(cri: GrpcCri, kubelet: StandInKubelet, name: str) -> list[ContainerInfo]:
+    return [c for c in await _trainers(cri, kubelet, name) if c.state is ContainerState.RUNNING]
+
+
+async def test_runs_pods_like_kubelet(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    pod = await _pod(store, "p1", containerd_testbed.trainer_v1)
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    sandbox = await cri.pod_sandbox_status(kubelet.sandbox_id("default", "p1"))
+    assert sandbox.labels[LABEL_POD_UID] == pod["metadata"]["uid"]
+    assert keys.LABEL_NO_KUBELET not in sandbox.labels
+    [c] = await _running(cri, kubelet, "p1")
+    image = await cri.image_status(containerd_testbed.trainer_v1)
+    assert image is not None and c.image == image.id  # created by image ID
+    assert c.annotations[ANN_CONTAINER_HASH] == hash_container(pod["spec"]["containers"][0])
+    assert c.annotations[ANN_CONTAINER_RESTART_COUNT] == "0" and c.attempt == 0
+    config = await cri.container_config(c.id)
+    assert config.image.image == image.id  # (containerd 1.6 keeps no user_specified_image)
+    await kubelet.sync_once()  # nothing to do
+    assert [x.id for x in await _running(cri, kubelet, "p1")] == [c.id]
+
+
+async def test_crash_loop_backoff_on_an_unchanged_spec(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    clock = Clock()
+    await _pod(store, "p2", containerd_testbed.trainer_v1)
+    kubelet = standin_kubelet(store, NODE, clock=clock)
+    await kubelet.sync_once()
+
+    async def exit_and_sync() -> None:
+        [c] = await _running(cri, kubelet, "p2")
+        await cri.stop_container(c.id, timeout_seconds=3)
+        await kubelet.sync_once()
+
+    await exit_and_sync()  # first restart: at once
+    assert [c.attempt for c in await _running(cri, kubelet, "p2")] == [1]
+    await exit_and_sync()  # second exit within 10 s: back-off
+    assert await _running(cri, kubelet, "p2") == []
+    assert kubelet.events[-1].reason == "BackOff"
+    assert kubelet.events[-1].message.startswith(
+        "back-off 10s restarting failed container=trainer pod=p2_default"
+    )
+    clock.now += 9.9
+    await kubelet.sync_once()
+    assert await _running(cri, kubelet, "p2") == []
+    clock.now += 0.1
+    await kubelet.sync_once()
+    assert [c.attempt for c in await _running(cri, kubelet, "p2")] == [2]
+    await exit_and_sync()
+    assert kubelet.events[-1].message.startswith("back-off 20s")
+    clock.now += 20
+    await kubelet.sync_once()
+    # Container GC keeps only the newest dead instance.
+    assert [(c.attempt, c.state) for c in await _trainers(cri, kubelet, "p2")] == [
+        (2, ContainerState.EXITED),
+        (3, ContainerState.RUNNING),
+    ]
+    clock.now += 601  # ran for more than 10 min: back-off starts over
+    await exit_and_sync()
+    assert [c.attempt for c in await _running(cri, kubelet, "p2")] == [4]
+    await exit_and_sync()
+    assert kubelet.events[-1].message.startswith("back-off 10s")
+
+
+@pytest.mark.parametrize("policy", ["OnFailure", "Never"])
+async def test_a_clean_exit_ends_a_job_pod(
+    policy: str,
+    cri: GrpcCri,
+    store: MemoryStore,
+    containerd_testbed: ContainerdTestbed,
+    standin_kubelet: KubeletFactory,
+) -> None:
+    name = f"job-{policy.lower()}"
+    await _pod(store, name, containerd_testbed.trainer_v1, policy)
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    [c] = await _running(cri, kubelet, name)
+    await cri.stop_container(c.id, timeout_seconds=3)  # SIGTERM: the trainer exits 0
+    await kubelet.sync_once()
+    assert kubelet.phase("default", name) == "Succeeded"
+    pod = await store.get(Kind.POD, name, namespace="default")
+    assert pod["status"]["phase"] == "Succeeded"
+    sandbox = await cri.pod_sandbox_status(kubelet.sandbox_id("default", name))
+    assert sandbox.state is SandboxState.NOTREADY
+    assert await _running(cri, kubelet, name) == []
+
+
+async def test_a_spec_change_restarts_whatever_the_policy(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    pod = await _pod(store, "p3", containerd_testbed.trainer_v1, "Never")
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    [old] = await _running(cri, kubelet, "p3")
+    containers = [{**pod["spec"]["containers"][0], "image": containerd_testbed.trainer_v2}]
+    await store.patch(Kind.POD, "p3", {"spec": {"containers": containers}}, namespace="default")
+    await kubelet.sync_once()
+    [new] = await _running(cri, kubelet, "p3")
+    assert new.id != old.id and new.attempt == 1
+    assert (await cri.container_status(old.id)).state is ContainerState.EXITED
+    assert ("Killing", "Container trainer definition changed, will be restarted") in [
+        (e.reason, e.message) for e in kubelet.events
+    ]
+    out = await cri.exec_sync(new.id, ["cat", "/etc/trainer-version"], timeout_seconds=5)
+    assert out.stdout.strip() == b"v2"
+    assert kubelet.phase("default", "p3") == "Running"
