@@ -46,7 +46,7 @@ from flexlease import errors
 from flexlease.config import AgentSettings
 from nodeagent.cache.checkpoints import CheckpointCache, CheckpointMetrics, FetchResult
 from nodeagent.cache.images import ImageMetrics, ImagePuller, PullResult
-from nodeagent.cri.client import DEFAULT_ENDPOINT, GrpcCri
+from nodeagent.cri.client import DEFAULT_ENDPOINT, GrpcCri, ImageService
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class Bandwidths:
 
 
 async def prelaunch(
-    cri: GrpcCri,
+    cri: ImageService,
     cache: CheckpointCache,
     *,
     image: str,
@@ -195,12 +195,16 @@ async def prelaunch(
     image_bytes: int | None,
     bandwidths: Bandwidths,
     metrics_registry: CollectorRegistry,
+    puller: ImagePuller | None = None,
 ) -> PrelaunchReport:
     """Prewarm this node: pull ``image`` and fetch the checkpoint concurrently; report
     readiness and the time taken against W. Sizes not given are taken from the node or the
     store (the image size is known before the pull only when it is already present; else
-    ``image_bytes`` or, failing that, the size found after the pull is used for W)."""
-    puller = ImagePuller(cri, ImageMetrics(metrics_registry))
+    ``image_bytes`` or, failing that, the size found after the pull is used for W).
+    ``puller``: the node's image puller to share (its metrics and in-flight pulls); default a
+    new one registering on ``metrics_registry``."""
+    if puller is None:
+        puller = ImagePuller(cri, ImageMetrics(metrics_registry))
     present = await cri.image_status(image)
     cached_ckpt = cache.get(checkpoint_id)
     ckpt_hit = cached_ckpt is not None and cached_ckpt.sha256 == sha256.removeprefix("sha256:").lower()

@@ -35,7 +35,12 @@ class HotRestartComponent:
 
     async def run(self, ctx: AgentContext) -> None:
         s = ctx.settings.agent
-        restarter = HotRestarter(self.runtime.cri, self.runtime.images, images=self.runtime.cri)
+        restarter = HotRestarter(
+            self.runtime.cri,
+            self.runtime.images,
+            images=self.runtime.cri,
+            checkpoints=self.runtime.checkpoints,
+        )
         self.controller = HotRestartController(
             ctx.store,
             self.runtime.cri,

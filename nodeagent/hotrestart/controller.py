@@ -304,7 +304,7 @@ class HotRestartController:
             await self._write(namespace, name, adopted)
             log.info("hot restart adopted", extra=ctx(pod=pod_name, container_id=decision.container.id))
             return
-        await self._restart(key, decision, base, pod, request.container, pod_name=pod_name)
+        await self._restart(key, decision, base, pod, request, pod_name=pod_name)
 
     async def _restart(
         self,
@@ -312,10 +312,11 @@ class HotRestartController:
         plan: Restart,
         base: HotRestartStatus,
         pod: JsonObj,
-        container: str,
+        request: HotRestartRequest,
         *,
         pod_name: str,
     ) -> None:
+        container, checkpoint = request.container, request.checkpoint
         in_progress = base.model_copy(
             update={
                 "phase": Phase.IN_PROGRESS,
@@ -335,7 +336,9 @@ class HotRestartController:
         async def patch_spec(image: str) -> None:
             await self._patch_image(*key, container, image)
 
-        outcome = await self._restarter.execute(plan, pod=pod_name, patch_spec=patch_spec)
+        outcome = await self._restarter.execute(
+            plan, pod=pod_name, patch_spec=patch_spec, checkpoint=checkpoint
+        )
         if self._metrics is not None:
             self._metrics.observe(outcome)
         final = await self._confirm(self._final(in_progress, outcome), plan)
@@ -413,6 +416,7 @@ class HotRestartController:
                 if outcome.pause_seconds is not None
                 else None,
                 "image_id": outcome.image_id,
+                "prelaunch": outcome.prelaunch,
                 "total_seconds": round(outcome.total_seconds, 4),
                 "message": outcome.message or None,
                 "finished_at": self._now(),

@@ -5,8 +5,10 @@
     {"id": "r-42", "container": "trainer", "image": "registry/trainer:v2"}
 
 with an optional ``"strategy": "direct" | "kubelet"`` overriding the agent's
-``hot_restart_strategy``. ``id`` names the request: a request whose id already has a final
-status is a no-op, so re-applying the same annotation restarts nothing.
+``hot_restart_strategy``, and an optional ``"checkpoint": {"id", "url", "sha256"}`` to fetch
+into the node's checkpoint cache while the image is pulled (the prelaunch: WeFlex §3.3).
+``id`` names the request: a request whose id already has a final status is a no-op, so
+re-applying the same annotation restarts nothing.
 
 ``flexlease.io/hot-restart-status`` (written only by the pod's node agent) is JSON with
 camelCase keys: ``id``, ``phase`` (``InProgress`` while running; ``Succeeded`` or ``Failed``
@@ -17,7 +19,10 @@ run, from CRI ``ImageStatus``), ``specImage`` (kubelet: the image written into t
 ``pullSeconds``, ``stopSeconds``, ``startSeconds``, ``pauseSeconds`` (no container of that
 name running: from the old one's exit to the replacement's start, CRI timestamps where the
 runtime kept them), ``totalSeconds``, ``message`` (why it failed, or notes), ``startedAt``,
-``finishedAt`` (RFC 3339 UTC). ``containerId`` always names the container that runs when
+``finishedAt`` (RFC 3339 UTC), and ``prelaunch`` when a checkpoint was requested
+(``ready``, ``readyAt``, ``elapsedSeconds``, ``windowSeconds`` = W predicted before the work,
+``measuredWindowSeconds`` = W from the bandwidths measured, ``imageCached``,
+``checkpointResult``: ``hit``/``miss``/``shared``). ``containerId`` always names the container that runs when
 the status is written. Pure: parsing and rendering only.
 """
 
@@ -58,6 +63,25 @@ class Phase(enum.StrEnum):
         return self is not Phase.IN_PROGRESS
 
 
+_SHA256 = re.compile(r"^(sha256:)?[0-9a-fA-F]{64}$")
+
+
+class CheckpointRef(KubeModel):
+    """The checkpoint a restarted container will load: cache ``id``, fsspec ``url``, expected
+    ``sha256`` (hex, optionally ``sha256:``-prefixed)."""
+
+    id: str = Field(min_length=1, max_length=253)
+    url: str = Field(min_length=1, max_length=2048)
+    sha256: str
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        if not _SHA256.match(value):
+            raise ValueError("must be 64 hex digits, optionally prefixed with 'sha256:'")
+        return value
+
+
 class HotRestartRequest(KubeModel):
     """A parsed ``flexlease.io/hot-restart`` annotation."""
 
@@ -65,6 +89,7 @@ class HotRestartRequest(KubeModel):
     container: str = Field(min_length=1, max_length=63)
     image: str = Field(min_length=1, max_length=1024)
     strategy: Strategy | None = None
+    checkpoint: CheckpointRef | None = None
 
     @field_validator("container")
     @classmethod
@@ -79,6 +104,19 @@ class HotRestartRequest(KubeModel):
         if any(c.isspace() for c in value):
             raise ValueError("must not contain whitespace")
         return value
+
+
+class PrelaunchStatus(KubeModel):
+    """The prelaunch before a restart (seconds): ready or not, W predicted and measured."""
+
+    ready: bool
+    ready_at: datetime | None = None
+    elapsed_seconds: float
+    window_seconds: float
+    measured_window_seconds: float | None = None
+    image_cached: bool | None = None
+    checkpoint_result: str | None = None
+    error: str | None = None
 
 
 class HotRestartStatus(KubeModel):
@@ -105,6 +143,7 @@ class HotRestartStatus(KubeModel):
     pause_seconds: float | None = None
     total_seconds: float | None = None
     message: str | None = None
+    prelaunch: PrelaunchStatus | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
 

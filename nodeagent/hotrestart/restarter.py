@@ -1,6 +1,11 @@
 """Carry out a hot-restart plan on the CRI runtime (the I/O half; the decision is
 :mod:`nodeagent.hotrestart.decide`).
 
+Both strategies start with the prelaunch (WeFlex §3.3), the old container still running: the
+image is pulled through CRI and, when the request names a checkpoint, it is fetched into the
+node's checkpoint cache at the same time (:func:`nodeagent.prelaunch.prelaunch`), with W
+predicted and measured in the outcome. Nothing is touched unless the node is then ready.
+
 Order, ``direct`` strategy (WeFlex §3.3, in-situ restart): pre-pull the image (old container
 still running) → create the replacement in the same sandbox with attempt + 1 (still
 running) → stop the old container (SIGTERM, grace period) → start the replacement → remove
@@ -29,14 +34,18 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from prometheus_client import CollectorRegistry
+
 from flexlease import errors
 from flexlease.cri import api_pb2
 from flexlease.logging import ctx
-from nodeagent.cache.images import ImagePuller
+from nodeagent.cache.checkpoints import CheckpointCache
+from nodeagent.cache.images import ImagePuller, PullResult
 from nodeagent.cri.client import ContainerInfo, ContainerState, ImageService, RuntimeService
 from nodeagent.hotrestart.decide import Restart, replacement_config
 from nodeagent.hotrestart.kubelet import runs_image
-from nodeagent.hotrestart.model import Strategy
+from nodeagent.hotrestart.model import CheckpointRef, PrelaunchStatus, Strategy
+from nodeagent.prelaunch import Bandwidths, PrelaunchReport, prelaunch
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +77,7 @@ class Outcome:
     total_seconds: float = 0.0
     pause_seconds: float | None = None
     image_id: str | None = None
+    prelaunch: PrelaunchStatus | None = None
 
 
 class HotRestarter:
@@ -76,6 +86,8 @@ class HotRestarter:
     ``stop_timeout_seconds``: grace period of StopContainer. ``kubelet_wait_seconds``: how
     long the kubelet strategy waits for the replacement; ``poll_seconds``: how often it looks.
     ``images``: the CRI ImageService resolving image IDs (default: ``runtime``, when it is one).
+    ``checkpoints``: the node's checkpoint cache, for requests naming a checkpoint;
+    ``bandwidths``: the assumed bandwidths W is predicted with.
     """
 
     def __init__(
@@ -84,6 +96,8 @@ class HotRestarter:
         puller: ImagePuller,
         *,
         images: ImageService | None = None,
+        checkpoints: CheckpointCache | None = None,
+        bandwidths: Bandwidths | None = None,
         stop_timeout_seconds: int = 30,
         kubelet_wait_seconds: float = 120.0,
         poll_seconds: float = 0.2,
@@ -94,15 +108,25 @@ class HotRestarter:
         if images is None and not isinstance(runtime, ImageService):
             raise errors.RequestError("HotRestarter needs a CRI ImageService")
         self._images: ImageService = images if images is not None else runtime  # type: ignore[assignment]
+        self._checkpoints = checkpoints
+        self._bandwidths = bandwidths or Bandwidths()
         self._stop_timeout = stop_timeout_seconds
         self._kubelet_wait = kubelet_wait_seconds
         self._poll = poll_seconds
         self._clock = clock
 
-    async def execute(self, plan: Restart, *, pod: str, patch_spec: SpecPatcher | None = None) -> Outcome:
+    async def execute(
+        self,
+        plan: Restart,
+        *,
+        pod: str,
+        patch_spec: SpecPatcher | None = None,
+        checkpoint: CheckpointRef | None = None,
+    ) -> Outcome:
         """Run ``plan`` for ``pod`` (``ns/name``, for logs); ``patch_spec`` writes the pod
         spec's image (needed by the kubelet strategy). Raises ``CriUnavailable``, and
-        ``StoreError`` from ``patch_spec`` (retry: the plan resumes from what CRI shows)."""
+        ``StoreError`` from ``patch_spec`` (retry: the plan resumes from what CRI shows).
+        ``checkpoint``: fetched into the checkpoint cache alongside the pull."""
         started = self._clock()
         log.info(
             "hot restart",
@@ -116,12 +140,26 @@ class HotRestarter:
             ),
         )
         t0 = self._clock()
-        try:
-            pulled = await self._puller.ensure(plan.image, pod=pod)
-        except errors.CriUnavailable:
-            raise
-        except errors.CriError as exc:
-            return Outcome(False, f"image pull failed (old container left running): {exc}", total_seconds=0.0)
+        report: PrelaunchStatus | None = None
+        if checkpoint is None:
+            try:
+                pulled = await self._puller.ensure(plan.image, pod=pod)
+            except errors.CriUnavailable:
+                raise
+            except errors.CriError as exc:
+                return Outcome(
+                    False, f"image pull failed (old container left running): {exc}", total_seconds=0.0
+                )
+        else:
+            ready, report = await self._prelaunch(plan.image, checkpoint)
+            if ready is None:
+                return Outcome(
+                    False,
+                    f"prelaunch failed (old container left running): {report.error}",
+                    total_seconds=self._clock() - started,
+                    prelaunch=report,
+                )
+            pulled = ready
         pull = Timings(pull=self._clock() - t0)
         if plan.strategy is Strategy.KUBELET:
             outcome = await self._kubelet(plan, pull, patch_spec, pod=pod)
@@ -137,6 +175,7 @@ class HotRestarter:
             self._clock() - started,
             outcome.pause_seconds,
             outcome.image_id,
+            report,
         )
         log.info(
             "hot restart succeeded" if outcome.succeeded else "hot restart failed",
@@ -152,6 +191,46 @@ class HotRestarter:
             ),
         )
         return outcome
+
+    async def _prelaunch(
+        self, image: str, checkpoint: CheckpointRef
+    ) -> tuple[PullResult | None, PrelaunchStatus]:
+        """Pull ``image`` and fetch ``checkpoint`` at once; the pull's result (None when the
+        node is not ready) and the report. Raises ``CriUnavailable`` when the runtime is away."""
+        if self._checkpoints is None:
+            return None, PrelaunchStatus(
+                ready=False,
+                elapsed_seconds=0.0,
+                window_seconds=0.0,
+                error="a checkpoint was requested but this agent has no checkpoint cache",
+            )
+        done: PrelaunchReport = await prelaunch(
+            self._images,
+            self._checkpoints,
+            image=image,
+            checkpoint_url=checkpoint.url,
+            checkpoint_id=checkpoint.id,
+            sha256=checkpoint.sha256,
+            image_bytes=None,
+            bandwidths=self._bandwidths,
+            metrics_registry=CollectorRegistry(),
+            puller=self._puller,
+        )
+        if not done.ready:
+            await self._images.image_status(image)  # CriUnavailable: retry rather than fail
+        status = PrelaunchStatus(
+            ready=done.ready,
+            ready_at=done.ready_at,
+            elapsed_seconds=round(done.elapsed_seconds, 4),
+            window_seconds=round(done.window.window_seconds, 4),
+            measured_window_seconds=round(done.measured_window.window_seconds, 4)
+            if done.measured_window is not None
+            else None,
+            image_cached=done.image.cached if done.image is not None else None,
+            checkpoint_result=done.checkpoint.result if done.checkpoint is not None else None,
+            error=done.error,
+        )
+        return (done.image if done.ready else None), status
 
     async def _stop(self, container_id: str) -> float:
         t0 = self._clock()

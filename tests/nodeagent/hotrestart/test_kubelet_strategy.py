@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from flexlease.api import keys
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.kube_util import EventRecorder
 from flexlease.store.memory import MemoryStore
+from nodeagent.cache.checkpoints import CheckpointCache, CheckpointMetrics
 from nodeagent.cache.images import ImageMetrics, ImagePuller
 from nodeagent.cri.client import ANN_CONTAINER_HASH, ContainerInfo, ContainerState, GrpcCri
 from nodeagent.hotrestart.controller import HotRestartController
@@ -57,9 +62,17 @@ async def _kpod(store: MemoryStore, name: str, image: str, *, policy: str = "Alw
     )
 
 
-def _controller(store: MemoryStore, cri: GrpcCri, *, kubelet_wait: float = 30.0) -> HotRestartController:
+def _controller(
+    store: MemoryStore,
+    cri: GrpcCri,
+    *,
+    kubelet_wait: float = 30.0,
+    checkpoints: CheckpointCache | None = None,
+) -> HotRestartController:
     puller = ImagePuller(cri, ImageMetrics(CollectorRegistry()))
-    restarter = HotRestarter(cri, puller, stop_timeout_seconds=5, kubelet_wait_seconds=kubelet_wait)
+    restarter = HotRestarter(
+        cri, puller, checkpoints=checkpoints, stop_timeout_seconds=5, kubelet_wait_seconds=kubelet_wait
+    )
     return HotRestartController(
         store,
         cri,
@@ -300,3 +313,92 @@ async def test_kubelet_strategy_without_a_running_kubelet_times_out_and_stops_no
     )
     assert status.container_id == old.id
     assert [c.id for c in await _trainers(cri, sandbox_id)] == [old.id]
+
+
+@pytest.fixture
+async def checkpoint_url() -> AsyncIterator[tuple[str, bytes]]:
+    data = os.urandom(1024 * 1024)
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(body=data)
+
+    app = web.Application()
+    app.router.add_get("/ckpt/step-7", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/ckpt/step-7", data
+    finally:
+        await runner.cleanup()
+
+
+async def test_prelaunch_fetches_the_checkpoint_before_the_spec_patch(
+    cri: GrpcCri,
+    store: MemoryStore,
+    containerd_testbed: ContainerdTestbed,
+    standin_kubelet: KubeletFactory,
+    checkpoint_url: tuple[str, bytes],
+    tmp_path: Path,
+) -> None:
+    url, data = checkpoint_url
+    tb = containerd_testbed
+    cache = CheckpointCache(
+        tmp_path / "ckpt", capacity_bytes=1 << 30, metrics=CheckpointMetrics(CollectorRegistry())
+    )
+    await cache.open()
+    await _kpod(store, "job-k7", tb.trainer_v1)
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    sandbox_id = kubelet.sandbox_id("default", "job-k7")
+    [old] = await _trainers(cri, sandbox_id)
+    good = {"id": "job-k7/step-7", "url": url, "sha256": hashlib.sha256(data).hexdigest()}
+    bad = {**good, "id": "job-k7/bad", "sha256": "0" * 64}
+    async with _running(kubelet.run(), _controller(store, cri, checkpoints=cache).run()):
+        # A checkpoint that does not verify: nothing is touched, the spec keeps v1.
+        await store.patch(
+            Kind.POD,
+            "job-k7",
+            {
+                "metadata": {
+                    "annotations": {
+                        keys.ANN_HOT_RESTART: json.dumps(
+                            {"id": "bad", "container": "trainer", "image": tb.trainer_v2, "checkpoint": bad}
+                        )
+                    }
+                }
+            },
+            namespace="default",
+        )
+        failed = await _final(store, "job-k7", "bad")
+        assert failed.phase is Phase.FAILED
+        assert failed.message is not None and failed.message.startswith(
+            "prelaunch failed (old container left running)"
+        )
+        assert failed.prelaunch is not None and not failed.prelaunch.ready
+        assert await _spec_image(store, "job-k7") == tb.trainer_v1
+        assert [c.id for c in await _trainers(cri, sandbox_id)] == [old.id]
+
+        await store.patch(
+            Kind.POD,
+            "job-k7",
+            {
+                "metadata": {
+                    "annotations": {
+                        keys.ANN_HOT_RESTART: json.dumps(
+                            {"id": "ok", "container": "trainer", "image": tb.trainer_v2, "checkpoint": good}
+                        )
+                    }
+                }
+            },
+            namespace="default",
+        )
+        status = await _final(store, "job-k7", "ok")
+    assert status.phase is Phase.SUCCEEDED, status.message
+    report = status.prelaunch
+    assert report is not None and report.ready and report.ready_at is not None
+    assert report.checkpoint_result == "miss" and report.image_cached is True
+    assert report.window_seconds > 0 and report.measured_window_seconds is not None
+    entry = cache.get("job-k7/step-7")
+    assert entry is not None and entry.path.read_bytes() == data

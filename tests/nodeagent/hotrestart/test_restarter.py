@@ -14,7 +14,7 @@ from nodeagent.cri import podspec
 from nodeagent.cri.client import ContainerState
 from nodeagent.cri.fake import FakeCri
 from nodeagent.hotrestart.decide import PodFacts, Restart, RuntimeView, decide
-from nodeagent.hotrestart.model import HotRestartRequest, Strategy
+from nodeagent.hotrestart.model import CheckpointRef, HotRestartRequest, Strategy
 from nodeagent.hotrestart.restarter import HotRestarter
 
 V1, V2 = "reg/t:v1", "reg/t:v2"
@@ -125,3 +125,12 @@ async def test_kubelet_strategy_patches_the_spec_and_stops_nothing() -> None:
     no_patch = await restarter.execute(plan, pod="ns/p")
     assert not no_patch.succeeded and "pod spec" in no_patch.message
     assert running(cri) == [(V1, 0)]
+
+
+async def test_a_checkpoint_without_a_cache_fails_before_touching_anything() -> None:
+    cri, restarter, plan = await setup()
+    ckpt = CheckpointRef(id="j/1", url="file:///nowhere", sha256="0" * 64)
+    outcome = await restarter.execute(plan, pod="ns/p", checkpoint=ckpt)
+    assert not outcome.succeeded and "no checkpoint cache" in outcome.message
+    assert outcome.prelaunch is not None and not outcome.prelaunch.ready
+    assert running(cri) == [(V1, 0)] and cri.pulls == []
