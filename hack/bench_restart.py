@@ -10,13 +10,20 @@ times:
   sandbox, run a new sandbox (new pod IP), pull the image from the registry (removed from the
   node beforehand), download the checkpoint over HTTP (evicted from the cache beforehand),
   create and start the container;
-* **hot restart** (flexlease, ``strategy: direct``): the image is prelaunched and the
-  checkpoint cached; read the checkpoint from the cache, then restart only the container in
-  the existing sandbox (:class:`nodeagent.hotrestart.restarter.HotRestarter`: pre-pull
-  check, create, stop, start).
+* **hot restart, direct** (flexlease, ``strategy: direct``, pods no kubelet manages): the
+  image is prelaunched and the checkpoint cached; read the checkpoint from the cache, then
+  restart only the container in the existing sandbox
+  (:class:`nodeagent.hotrestart.restarter.HotRestarter`: pre-pull check, create, stop, start);
+* **hot restart, spec patch** (flexlease, ``strategy: kubelet``, pods a kubelet manages — here
+  the stand-in kubelet ``standins.kubelet_pods`` on the same containerd, syncing every 10 ms):
+  prelaunched the same way; the agent patches the pod spec's image and waits for the
+  kubelet's in-place restart, confirmed by image ID — once to the new (large) image, once
+  with the **same image** (registry trainer, its spec switching between tag and digest form,
+  which changes the spec hash so that the kubelet restarts it at once, without back-off).
 
-Prints a Markdown table: per run, both durations with their parts, and the ratio
-recreate / hot restart; then the median. Needs root (the testbed does).
+Prints a Markdown table: per run, every duration (the hot restarts with ``pause``: no
+trainer running, from CRI timestamps for the spec patch) and the ratios recreate / direct
+and recreate / spec patch; then the medians. Needs root (the testbed does).
 
     python hack/bench_restart.py [--runs 5] [--image-mib 256] [--checkpoint-mib 256]
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import os
 import platform
@@ -42,13 +50,17 @@ from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flexlease.store.base import Kind
+from flexlease.store.memory import MemoryStore
 from nodeagent.cache.checkpoints import CheckpointCache, CheckpointMetrics
 from nodeagent.cache.images import ImageMetrics, ImagePuller
 from nodeagent.cri import podspec
 from nodeagent.cri.client import GrpcCri
-from nodeagent.hotrestart.decide import Restart, RuntimeView, decide
+from nodeagent.hotrestart.decide import PodFacts, Restart, RuntimeView, decide
+from nodeagent.hotrestart.kubelet import image_patch, restart_policy, spec_image
 from nodeagent.hotrestart.model import HotRestartRequest, Strategy
 from nodeagent.hotrestart.restarter import HotRestarter
+from standins.kubelet_pods import StandInKubelet
 
 SCRIPT = Path(__file__).resolve().parent / "containerd-testbed.sh"
 MIB = 1024 * 1024
@@ -74,6 +86,7 @@ class Hot:
     stop: float
     start: float
     total_restart: float
+    pause: float
 
     @property
     def total(self) -> float:
@@ -179,27 +192,123 @@ class Bench:
         after = await self.cri.pod_sandbox_status(sandbox_id)
         assert after.ip == sandbox.ip  # same sandbox, same pod IP
         return Hot(
-            t1 - t0, outcome.timings.pull, outcome.timings.stop, outcome.timings.start, outcome.total_seconds
+            t1 - t0,
+            outcome.timings.pull,
+            outcome.timings.stop,
+            outcome.timings.start,
+            outcome.total_seconds,
+            outcome.pause_seconds or 0.0,
+        )
+
+    async def spec_patch(
+        self,
+        store: MemoryStore,
+        kubelet: StandInKubelet,
+        name: str,
+        *,
+        image: str,
+        restarter: HotRestarter,
+        puller: ImagePuller,
+        run: int,
+    ) -> Hot:
+        """The kubelet strategy on a stand-in kubelet's pod: patch the spec, wait for the
+        kubelet's replacement, confirm it by image ID."""
+        await puller.ensure(image)
+        await self.cache.fetch("step-1000", self.url, sha256=self.digest)
+        pod = await store.get(Kind.POD, name, namespace="bench")
+        sandbox_id = kubelet.sandbox_id("bench", name)
+        sandbox = await self.cri.pod_sandbox_status(sandbox_id)
+        containers = tuple(
+            c for c in await self.cri.list_containers(sandbox_id=sandbox_id) if c.name == "trainer"
+        )
+        view = RuntimeView(sandbox, containers, await self.cri.image_status(image))
+        request = HotRestartRequest(id=f"bench-{name}-{run}", container="trainer", image=image)
+        facts = PodFacts(restart_policy(pod), spec_image(pod, "trainer"))
+        plan = decide(request, None, view, default_strategy=None, pod=facts)
+        assert isinstance(plan, Restart) and plan.strategy is Strategy.KUBELET, plan
+
+        async def patch_spec(new_image: str) -> None:
+            current = await store.get(Kind.POD, name, namespace="bench")
+            await store.patch(Kind.POD, name, image_patch(current, "trainer", new_image), namespace="bench")
+
+        t0 = time.monotonic()
+        fetched = await self.cache.fetch("step-1000", self.url, sha256=self.digest)
+        assert fetched.hit
+        t1 = time.monotonic()
+        outcome = await restarter.execute(plan, pod=f"bench/{name}", patch_spec=patch_spec)
+        assert outcome.succeeded, outcome.message
+        after = await self.cri.pod_sandbox_status(sandbox_id)
+        assert after.ip == sandbox.ip  # same sandbox, same pod IP
+        return Hot(
+            t1 - t0,
+            outcome.timings.pull,
+            outcome.timings.stop,
+            outcome.timings.start,
+            outcome.total_seconds,
+            outcome.pause_seconds or 0.0,
         )
 
 
-def table(rows: list[tuple[Recreate, Hot]]) -> str:
+@dataclass(frozen=True)
+class Row:
+    recreate: Recreate
+    direct: Hot
+    spec_new: Hot
+    spec_same: Hot
+
+
+def table(rows: list[Row]) -> str:
     lines = [
-        "| run | full recreate (s) | teardown + sandbox + pull + ckpt + create/start | hot restart (s) "
-        "| of which: ckpt + pull-check + stop + create/start | ratio |",
-        "|---:|---:|---|---:|---|---:|",
+        "| run | full recreate (s) | teardown + sandbox + pull + ckpt + create/start "
+        "| direct (s) | direct pause | spec patch, new image (s) | its pause "
+        "| spec patch, same image, tag↔digest (s) | its pause | recreate / direct | recreate / spec patch |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for i, (r, h) in enumerate(rows, 1):
-        full_parts = " + ".join(f"{x:.3f}" for x in (r.teardown, r.sandbox, r.pull, r.checkpoint, r.start))
-        hot_parts = " + ".join(f"{x:.4f}" for x in (h.checkpoint, h.pull, h.stop, h.start))
-        lines.append(
-            f"| {i} | {r.total:.3f} | {full_parts} | {h.total:.3f} | {hot_parts} | {r.total / h.total:.1f}× |"
+
+    def cells(r: Row) -> tuple[float, ...]:
+        return (
+            r.recreate.total,
+            r.direct.total,
+            r.direct.pause,
+            r.spec_new.total,
+            r.spec_new.pause,
+            r.spec_same.total,
+            r.spec_same.pause,
+            r.recreate.total / r.direct.total,
+            r.recreate.total / r.spec_new.total,
         )
-    full = statistics.median(r.total for r, _ in rows)
-    hot = statistics.median(h.total for _, h in rows)
-    ratios = statistics.median(r.total / h.total for r, h in rows)
-    lines.append(f"| median | {full:.3f} | | {hot:.3f} | | {ratios:.1f}× |")
+
+    for i, r in enumerate(rows, 1):
+        c = r.recreate
+        parts = " + ".join(f"{x:.3f}" for x in (c.teardown, c.sandbox, c.pull, c.checkpoint, c.start))
+        v = cells(r)
+        lines.append(
+            f"| {i} | {v[0]:.3f} | {parts} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.3f} | {v[4]:.3f} "
+            f"| {v[5]:.3f} | {v[6]:.3f} | {v[7]:.1f}× | {v[8]:.1f}× |"
+        )
+    m = [statistics.median(cells(r)[k] for r in rows) for k in range(9)]
+    lines.append(
+        f"| median | {m[0]:.3f} | | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.3f} | {m[4]:.3f} | {m[5]:.3f} "
+        f"| {m[6]:.3f} | {m[7]:.1f}× | {m[8]:.1f}× |"
+    )
     return "\n".join(lines)
+
+
+async def kubelet_pod(store: MemoryStore, kubelet: StandInKubelet, name: str, image: str) -> None:
+    await store.create(
+        Kind.POD,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "bench"},
+            "spec": {
+                "nodeName": "bench-node",
+                "terminationGracePeriodSeconds": 10,
+                "containers": [{"name": "trainer", "image": image}],
+            },
+        },
+    )
+    await kubelet.sync_once()
 
 
 async def bench(args: argparse.Namespace, env: dict[str, str]) -> str:
@@ -217,7 +326,20 @@ async def bench(args: argparse.Namespace, env: dict[str, str]) -> str:
         ) as cri:
             b = Bench(cri, env, cache, url, digest)
             puller = ImagePuller(cri, ImageMetrics(CollectorRegistry()))
-            restarter = HotRestarter(cri, puller, stop_timeout_seconds=10)
+            restarter = HotRestarter(cri, puller, stop_timeout_seconds=10, poll_seconds=0.01)
+            store = MemoryStore()
+            kubelet = StandInKubelet(
+                cri,
+                store,
+                node="bench-node",
+                log_root=b.log_root,
+                cgroup_parent=b.cgroup,
+                period_seconds=0.01,
+            )
+            same_image = env["FLEXLEASE_TESTBED_REGISTRY_TRAINER"]
+            await kubelet_pod(store, kubelet, "spec-new", env["FLEXLEASE_TESTBED_TRAINER_V1"])
+            await kubelet_pod(store, kubelet, "spec-same", same_image)
+            kubelet_task = asyncio.create_task(kubelet.run(), name="bench:standin-kubelet")
             await cri.pull_image(b.large)  # warm-up: the first pull also fills containerd's caches
             recreate_sandbox, _ = await b.run_pod("recreate", env["FLEXLEASE_TESTBED_TRAINER_V1"])
             hot_sandbox, _ = await b.run_pod("hot", env["FLEXLEASE_TESTBED_TRAINER_V1"])
@@ -227,12 +349,31 @@ async def bench(args: argparse.Namespace, env: dict[str, str]) -> str:
                 # untimed, so that the full recreate below finds the large image unused.
                 hot = await b.hot_restart(hot_sandbox, b.large, restarter, puller, run)
                 await b.hot_restart(hot_sandbox, b.v2, restarter, puller, run + 1000)
+                spec_new = await b.spec_patch(
+                    store, kubelet, "spec-new", image=b.large, restarter=restarter, puller=puller, run=run
+                )
+                await b.spec_patch(
+                    store, kubelet, "spec-new", image=b.v2, restarter=restarter, puller=puller, run=run + 1000
+                )
+                spec_same = await b.spec_patch(
+                    store, kubelet, "spec-same", image=same_image, restarter=restarter, puller=puller, run=run
+                )
                 recreate, recreate_sandbox = await b.full_recreate(recreate_sandbox, f"recreate-{run}")
-                rows.append((recreate, hot))
+                rows.append(Row(recreate, hot, spec_new, spec_same))
                 print(
-                    f"run {run}: recreate {recreate.total:.3f} s, hot restart {hot.total:.3f} s",
+                    f"run {run}: recreate {recreate.total:.3f} s, direct {hot.total:.3f} s "
+                    f"(pause {hot.pause:.3f}), spec patch {spec_new.total:.3f} s "
+                    f"(pause {spec_new.pause:.3f}), "
+                    f"same image {spec_same.total:.3f} s (pause {spec_same.pause:.3f})",
                     file=sys.stderr,
                 )
+            backoffs = [e for e in kubelet.events if e.reason == "BackOff"]
+            assert not backoffs, backoffs
+            kubelet_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await kubelet_task
+            await kubelet.remove_all()
+            await store.close()
             for sid in (recreate_sandbox, hot_sandbox):
                 await b.remove_pod(sid)
     finally:

@@ -15,6 +15,17 @@ def test_parse_request() -> None:
     assert (r.id, r.container, r.image, r.strategy) == ("r1", "trainer", "reg/trainer:v2", None)
     r = parse_request('{"id": "r2", "container": "t", "image": "i", "strategy": "kubelet"}')
     assert r.strategy is Strategy.KUBELET
+    r = parse_request(
+        json.dumps(
+            {
+                "id": "r3",
+                "container": "t",
+                "image": "i",
+                "checkpoint": {"id": "j/9", "url": "s3://b/k", "sha256": "a" * 64},
+            }
+        )
+    )
+    assert r.checkpoint is not None and (r.checkpoint.id, r.checkpoint.url) == ("j/9", "s3://b/k")
 
 
 @pytest.mark.parametrize(
@@ -27,6 +38,11 @@ def test_parse_request() -> None:
         ('{"id": "r", "container": "Trainer_1", "image": "i"}', "container"),
         ('{"id": "r", "container": "t", "image": "has space"}', "image"),
         ('{"id": "r", "container": "t", "image": "i", "strategy": "magic"}', "strategy"),
+        ('{"id": "r", "container": "t", "image": "i", "checkpoint": {"id": "c", "url": "u"}}', "sha256"),
+        (
+            '{"id": "r", "container": "t", "image": "i", "checkpoint": {"id": "c", "url": "u", "sha256": "xyz"}}',
+            "checkpoint.sha256",
+        ),
     ],
 )
 def test_malformed_requests_say_what_is_wrong(value: str, needle: str) -> None:
