@@ -45,6 +45,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
+
 from flexlease.api import keys
 from flexlease.api.pod import parse_pod
 from flexlease.api.resources import DeviceKey, LeaseAction, Pool, parse_gpulease, parse_gpunode
