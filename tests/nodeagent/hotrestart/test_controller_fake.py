@@ -154,3 +154,33 @@ async def test_pods_of_other_nodes_and_pods_without_requests_are_ignored(store: 
     assert pending_request(pod)
     await controller.reconcile("ns", "p")
     assert not pending_request(await store.get(Kind.POD, "p", namespace="ns"))
+
+
+async def test_the_status_names_every_container_that_runs(store: FlakyStore) -> None:
+    """When something else starts a copy of the container during the restart (a kubelet that
+    saw the old one die), the status fails and names both instead of naming one as success."""
+    cri, controller, _ = await setup(store)
+    [old_id] = list(cri.containers)
+    sandbox_id = cri.containers[old_id].sandbox_id
+    orphan_config = cri.container_configs[old_id]
+    real_stop = cri.stop_container
+
+    async def stop_then_someone_restarts(container_id: str, *, timeout_seconds: int) -> None:
+        await real_stop(container_id, timeout_seconds=timeout_seconds)
+        copy = type(orphan_config)()
+        copy.CopyFrom(orphan_config)
+        copy.metadata.attempt = 7
+        other = await cri.create_container(sandbox_id, copy, await cri.pod_sandbox_config(sandbox_id))
+        await cri.start_container(other)
+
+    cri.stop_container = stop_then_someone_restarts  # type: ignore[method-assign]
+    await controller.reconcile("ns", "p")
+    final = await status_of(store)
+    running = sorted(
+        (c for c in cri.containers.values() if c.state is ContainerState.RUNNING), key=lambda c: c.attempt
+    )
+    assert len(running) == 2
+    assert final.phase is Phase.FAILED
+    assert final.message.startswith("2 containers named 'trainer' run in sandbox")
+    assert all(c.id in final.message for c in running)
+    assert final.container_id == running[-1].id
