@@ -144,8 +144,32 @@ class AgentSettings(_Group):
     hot_restart_strategy: Literal["auto", "direct", "kubelet"] = "auto"
     """For hot-restart requests naming none: ``auto`` picks ``kubelet`` for sandboxes a kubelet
     manages and ``direct`` for those flexlease runs itself (``flexlease.io/no-kubelet``)."""
+    device_plugin: bool = True
+    """Serve the kubelet device-plugin API for ``gpu_resource`` (replaces NVIDIA's plugin)."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    """kubelet's device-plugin directory (fixed there upstream; a setting for tests and the demo):
+    ``kubelet.sock`` (kubelet's Registration service) and the plugin's own socket."""
+    device_plugin_socket: str = "flexlease-gpu.sock"
+    """The plugin's socket, a file name inside ``device_plugin_dir``."""
+    gpu_resource: str = keys.DEFAULT_GPU_RESOURCE
+    """The extended resource the device plugin advertises (as ``extender.gpu_resource``)."""
+    device_plugin_poll_seconds: float = Field(default=1.0, gt=0)
+    """How often the plugin checks for kubelet's socket and its own (kubelet restarts)."""
+    device_plugin_match_wait_seconds: float = Field(default=2.0, ge=0)
+    """How long GetPreferredAllocation/Allocate wait for the pod watch to show a pod that fits
+    (the agent's watch may trail kubelet's by a moment) before answering without one."""
+    device_plugin_device_specs: bool = False
+    """Allocate also returns the device nodes (``/dev/nvidia<minor>``, ``/dev/nvidiactl``,
+    ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``); off when the NVIDIA container runtime
+    injects them from ``NVIDIA_VISIBLE_DEVICES``."""
+    cdi_prefix: str = ""
+    """When set (e.g. ``nvidia.com/gpu``), Allocate also returns CDI device names
+    ``<prefix>=<UUID>`` (a CDI spec generated with ``nvidia-ctk cdi generate
+    --device-name-strategy=uuid``)."""
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    """kubelet's PodResources API socket (``List``, ``GetAllocatableResources``)."""
+    pod_resources_seconds: float = Field(default=10.0, gt=0)
+    """How often the device plugin reads PodResources back and compares it with assignments."""
 
 
 class Settings(BaseSettings):

@@ -25,6 +25,7 @@ from flexlease.clock import Clock
 from flexlease.config import Settings
 from flexlease.store.base import Store
 from nodeagent import ledger
+from nodeagent.deviceplugin.component import DevicePluginComponent
 from nodeagent.health.backend import GpuBackend
 from nodeagent.health.board import NodeBoard
 from nodeagent.health.keeper import LedgerKeeper
@@ -75,12 +76,14 @@ class ReadinessCheck(Protocol):
 
 
 def components(ctx: AgentContext) -> list[Component]:
-    """The agent's components, in start order. Add new ones (CRI, cache, hot restart) here."""
+    """The agent's components, in start order; ``deviceplugin`` only with
+    ``agent.device_plugin``. Add new ones here."""
     return [
         HealthWatch(),
         LedgerKeeper(),
         StatusReporter(),
         MetricsServer(),
+        *([DevicePluginComponent()] if ctx.settings.agent.device_plugin else []),
         *runtime_components(ctx),
     ]
 

@@ -49,6 +49,10 @@ ANN_ASSIGNED_UUIDS: Final = PREFIX + "assigned-uuids"
 """Written by bind: comma-separated NVML UUIDs, in the order of ``assigned-gpus``."""
 ANN_ASSIGNED_AT: Final = PREFIX + "assigned-at"
 """Written by bind: RFC 3339 UTC timestamp of the assignment."""
+ANN_ASSIGNMENT_CORRECTED: Final = PREFIX + "assignment-corrected"
+"""Written by the node agent when kubelet gave the pod other GPUs than ``assigned-gpus`` named
+(read back from the kubelet PodResources API): JSON ``{"was": "<node>:<idx>,..", "at": RFC 3339}``;
+``assigned-gpus``/``assigned-uuids`` then name what the pod really holds."""
 ANN_HOT_RESTART: Final = PREFIX + "hot-restart"
 """In-sandbox restart request, JSON ``{"container", "image", "id"}`` (DESIGN §4)."""
 ANN_HOT_RESTART_STATUS: Final = PREFIX + "hot-restart-status"

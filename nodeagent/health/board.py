@@ -39,10 +39,25 @@ class NodeBoard:
         self.driver_version: str | None = None
         self.changed = asyncio.Event()
         self.version = 0
+        self._subscribers: set[asyncio.Event] = set()
 
     def _bump(self) -> None:
         self.version += 1
         self.changed.set()
+        for event in self._subscribers:
+            event.set()
+
+    def subscribe(self) -> asyncio.Event:
+        """An event of the caller's own, set at every change :attr:`changed` is set for (the
+        caller clears it); for readers other than the status reporter, e.g. the device
+        plugin's ``ListAndWatch``. Release it with :meth:`unsubscribe`."""
+        event = asyncio.Event()
+        self._subscribers.add(event)
+        return event
+
+    def unsubscribe(self, event: asyncio.Event) -> None:
+        """Stop setting ``event`` (no-op when not subscribed)."""
+        self._subscribers.discard(event)
 
     def set_devices(self, devices: list[DeviceInfo], now: float) -> None:
         """NVML (re)started at ``now`` and enumerated ``devices``: adopt them in the ledger and

@@ -1,0 +1,226 @@
+"""Read back what kubelet really gave each pod (PodResources API) and keep the assignments true.
+
+Every ``agent.pod_resources_seconds`` (and once at start, before the plugin registers, so an
+agent restart knows which pods are already allocated) :class:`PodResourcesReconciler` calls
+kubelet's ``v1.PodResourcesLister``:
+
+* ``List``: per pod, the device IDs of the managed resource over all containers (kubelet sends
+  one ``ContainerDevices`` entry per device; they are merged). Each pod's set is recorded as its
+  allocation and compared with its assignment. A mismatch (or a pod holding GPUs with no
+  assignment at all) is counted once, logged with both sets, and written back: the pod's
+  ``assigned-gpus``/``assigned-uuids`` are set to what it holds and
+  ``flexlease.io/assignment-corrected`` records the previous value, with a merge patch
+  conditional on the resourceVersion just read (a conflict is retried at the next round), so
+  the extender's view stays true.
+* ``GetAllocatableResources``: the number of devices kubelet considers allocatable, as a gauge,
+  with a log line when it differs from the healthy devices the plugin advertises.
+
+Device IDs are mapped to NVML indices through this node's own inventory; a device ID the node
+does not have is never written (logged instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Final
+
+import grpc
+
+from flexlease import errors
+from flexlease.api import keys
+from flexlease.api.pod import Assignment, is_terminated, salvage_assignment
+from flexlease.api.resources import Health
+from flexlease.config import AgentSettings
+from flexlease.logging import ctx
+from flexlease.store.base import Kind, Store
+from nodeagent.deviceplugin import podresources_pb2 as prpb
+from nodeagent.deviceplugin import rpc
+from nodeagent.deviceplugin.matching import Mismatch, compare, merge_container_devices
+from nodeagent.deviceplugin.metrics import DevicePluginMetrics
+from nodeagent.deviceplugin.pods import PodBook
+from nodeagent.health.board import NodeBoard
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_SECONDS: Final = 5.0
+
+
+def _rfc3339(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PodResourcesReconciler:
+    """Compares kubelet's PodResources with ``book``'s assignments for node ``board.node``."""
+
+    def __init__(
+        self,
+        book: PodBook,
+        board: NodeBoard,
+        store: Store,
+        settings: AgentSettings,
+        metrics: DevicePluginMetrics,
+        *,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._book = book
+        self._board = board
+        self._store = store
+        self._settings = settings
+        self._metrics = metrics
+        self._now = now
+        self.node = board.node
+        self._counted: set[tuple[str, frozenset[str]]] = set()
+        self.rounds = 0
+        """Completed reconcile rounds (kubelet answered)."""
+
+    async def run(self) -> None:
+        """Reconcile every ``pod_resources_seconds`` until cancelled; kubelet being absent or
+        failing is logged and retried at the next round."""
+        while True:
+            await self.reconcile_logged()
+            await asyncio.sleep(self._settings.pod_resources_seconds)
+
+    async def reconcile_logged(self) -> list[Mismatch] | None:
+        """:meth:`reconcile`, with kubelet or store failures logged (returns None then)."""
+        try:
+            return await self.reconcile()
+        except grpc.aio.AioRpcError as exc:
+            log.debug(
+                "PodResources not answering",
+                extra=ctx(
+                    node=self.node, socket=str(self._settings.pod_resources_socket), code=exc.code().name
+                ),
+            )
+        except errors.StoreError as exc:
+            log.warning(
+                "writing a corrected assignment failed; retrying", extra=ctx(node=self.node, error=str(exc))
+            )
+        return None
+
+    async def read(self) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+        """kubelet's view: ``<ns>/<name>`` → device IDs of the resource (pods with none left
+        out), and the allocatable device IDs. Raises ``grpc.aio.AioRpcError``."""
+        resource = self._settings.gpu_resource
+        async with grpc.aio.insecure_channel(f"unix:{self._settings.pod_resources_socket}") as channel:
+            list_ = rpc.unary_call(channel, rpc.POD_RESOURCES, "List", prpb.ListPodResourcesResponse)
+            get_allocatable = rpc.unary_call(
+                channel, rpc.POD_RESOURCES, "GetAllocatableResources", prpb.AllocatableResourcesResponse
+            )
+            listed = await list_(prpb.ListPodResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS)
+            allocatable = await get_allocatable(
+                prpb.AllocatableResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS
+            )
+        pods: dict[str, tuple[str, ...]] = {}
+        for pod in listed.pod_resources:
+            entries = [(d.resource_name, list(d.device_ids)) for c in pod.containers for d in c.devices]
+            ids = merge_container_devices(entries, resource)
+            if ids:
+                pods[f"{pod.namespace}/{pod.name}"] = ids
+        alloc = merge_container_devices(
+            ((d.resource_name, list(d.device_ids)) for d in allocatable.devices), resource
+        )
+        return pods, alloc
+
+    async def reconcile(self) -> list[Mismatch]:
+        """One round; returns the mismatches seen (written back or not). Raises
+        ``grpc.aio.AioRpcError`` when kubelet does not answer and ``StoreError`` when a write
+        fails for another reason than a conflict."""
+        actual, allocatable = await self.read()
+        self._book.set_allocated({k: frozenset(v) for k, v in actual.items()})
+        self._check_allocatable(allocatable)
+        found: list[Mismatch] = []
+        for key, ids in sorted(actual.items()):
+            assigned = self._book.uuids(key) or ()
+            mismatch = compare(key, assigned, ids)
+            if mismatch is None:
+                continue
+            found.append(mismatch)
+            mark = (key, mismatch.actual)
+            if mark not in self._counted:
+                self._counted.add(mark)
+                self._metrics.mismatches.labels(node=self.node).inc()
+                log.warning(
+                    "kubelet gave a pod other GPUs than assigned",
+                    extra=ctx(
+                        node=self.node,
+                        pod=key,
+                        assigned=sorted(mismatch.assigned),
+                        actual=sorted(mismatch.actual),
+                    ),
+                )
+            await self._write_back(key, ids)
+        self.rounds += 1
+        return found
+
+    def _check_allocatable(self, allocatable: tuple[str, ...]) -> None:
+        self._metrics.kubelet_allocatable.labels(node=self.node).set(len(allocatable))
+        healthy = {
+            ident.uuid
+            for index, ident in self._board.devices.items()
+            if (h := self._board.health.get(index)) is not None and h.health is Health.HEALTHY
+        }
+        if set(allocatable) != healthy:
+            log.debug(
+                "kubelet's allocatable devices differ from the healthy ones advertised",
+                extra=ctx(node=self.node, kubelet=sorted(allocatable), healthy=sorted(healthy)),
+            )
+
+    async def _write_back(self, key: str, ids: tuple[str, ...]) -> None:
+        index_of = {ident.uuid: index for index, ident in self._board.devices.items()}
+        unknown = [u for u in ids if u not in index_of]
+        if unknown:
+            log.error(
+                "kubelet reports devices this node does not have; not writing them",
+                extra=ctx(node=self.node, pod=key, gpu=unknown),
+            )
+            return
+        namespace, _, name = key.partition("/")
+        try:
+            pod = await self._store.get(Kind.POD, name, namespace=namespace)
+        except errors.NotFound:
+            return
+        meta = pod.get("metadata") or {}
+        if (pod.get("spec") or {}).get("nodeName") != self.node or is_terminated(pod):
+            return
+        annotations = meta.get("annotations") or {}
+        was = salvage_assignment(pod)
+        new = Assignment(self.node, tuple(index_of[u] for u in ids))
+        if was == new:
+            return
+        patch = {
+            "metadata": {
+                "annotations": {
+                    keys.ANN_ASSIGNED_GPUS: new.format(),
+                    keys.ANN_ASSIGNED_UUIDS: ",".join(ids),
+                    keys.ANN_ASSIGNED_AT: annotations.get(keys.ANN_ASSIGNED_AT) or _rfc3339(self._now()),
+                    keys.ANN_ASSIGNMENT_CORRECTED: json.dumps(
+                        {"was": was.format() if was else "", "at": _rfc3339(self._now())}, sort_keys=True
+                    ),
+                }
+            }
+        }
+        try:
+            await self._store.patch(
+                Kind.POD,
+                name,
+                patch,
+                namespace=namespace,
+                resource_version=meta.get("resourceVersion") or None,
+            )
+        except errors.Conflict:
+            log.info(
+                "pod changed while correcting its assignment; next round", extra=ctx(node=self.node, pod=key)
+            )
+            return
+        except errors.StoreError:
+            self._metrics.writebacks.labels(node=self.node, result="error").inc()
+            raise
+        self._metrics.writebacks.labels(node=self.node, result="ok").inc()
+        log.warning(
+            "corrected the pod's assignment to what kubelet allocated",
+            extra=ctx(node=self.node, pod=key, was=was.format() if was else None, gpu=new.format()),
+        )
