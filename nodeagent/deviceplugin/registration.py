@@ -82,7 +82,7 @@ class PluginEndpoint:
                     await asyncio.sleep(poll)
             finally:
                 self._set_registered(False)
-                await server.stop(grace=0.5)
+                await server.stop(grace=0.1)
 
     def _set_registered(self, on: bool) -> None:
         if on:

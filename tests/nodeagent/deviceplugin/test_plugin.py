@@ -1,0 +1,246 @@
+"""The device plugin against the test kubelet over real gRPC on unix sockets: registration,
+kubelet restarts, ListAndWatch health, allocation of pods bound in quick succession, and the
+PodResources read-back that writes a forced mismatch back to the pod."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from flexlease.api import keys
+from flexlease.store.base import Kind
+from nodeagent import agent
+from nodeagent.deviceplugin import podresources_pb2 as prpb
+from nodeagent.deviceplugin import rpc
+from nodeagent.deviceplugin.component import DevicePluginComponent
+from nodeagent.deviceplugin.response import ENV_VISIBLE_DEVICES
+from nodeagent.health.watch import HealthWatch
+from standins.kubelet_devices import AdmissionError, Call
+from tests.nodeagent.deviceplugin.kit import RESOURCE, Node, running_node
+from tests.nodeagent.health.kit import NODE, make_context, node_config
+
+
+def sample(node: Node, name: str, **labels: str) -> float | None:
+    return node.ctx.registry.get_sample_value(name, {"node": NODE, **labels})
+
+
+async def test_registers_and_advertises_every_gpu_by_uuid() -> None:
+    async with running_node(gpus=4) as node:
+        (request,) = node.kubelet.registrations
+        assert request.version == "v1beta1"
+        assert request.endpoint == "flexlease-gpu.sock"
+        assert request.resource_name == RESOURCE
+        assert request.options.get_preferred_allocation_available and request.options.pre_start_required
+        assert node.kubelet.plugins[RESOURCE].devices == {u: "Healthy" for u in node.uuids}
+        assert all(u.startswith("GPU-") for u in node.uuids)
+        # Node capacity shows the count only at kubelet's next node status update
+        assert node.kubelet.node_status()["capacity"] == {}
+        assert node.kubelet.update_node_status() == {
+            "capacity": {RESOURCE: 4},
+            "allocatable": {RESOURCE: 4},
+        }
+        assert node.plugin.ready()
+        assert sample(node, "flexlease_deviceplugin_registered") == 1.0
+        assert sample(node, "flexlease_deviceplugin_registrations_total", result="ok") == 1.0
+        assert sample(node, "flexlease_deviceplugin_devices", health="Healthy") == 4.0
+
+
+async def test_kubelet_restart_is_followed_by_a_new_registration_and_pods_keep_their_devices() -> None:
+    async with running_node(gpus=4) as node:
+        await node.bind("before", [2, 3])
+        assert await node.admit("before", 2) == (node.uuids[2], node.uuids[3])
+        socket = node.ctx.settings.agent.device_plugin_dir / "flexlease-gpu.sock"
+
+        calls_before = len(node.kubelet.calls)
+        await node.kubelet.restart()
+        assert not socket.exists()  # kubelet deleted the plugin's socket
+        await node.kubelet.wait_registered(RESOURCE, registrations=2)
+        await node.kubelet.wait_devices(RESOURCE, lambda d: len(d) == 4)
+        assert socket.exists()  # served again, and kubelet follows the new ListAndWatch
+        assert node.plugin.endpoint is not None and node.plugin.endpoint.registrations == 2
+        assert node.kubelet.allocated("default", "before") == {"main": (node.uuids[2], node.uuids[3])}
+        assert not [c for c in node.kubelet.calls[calls_before:] if c.method == "Allocate"]
+        assert sample(node, "flexlease_deviceplugin_registrations_total", result="ok") == 2.0
+
+        # the re-registered plugin still allocates by assignment
+        await node.bind("after", [0, 1])
+        assert await node.admit("after", 2) == (node.uuids[0], node.uuids[1])
+
+
+async def test_list_and_watch_reports_a_failed_gpu_unhealthy_until_it_recovers() -> None:
+    events = [{"at": 100, "gpu": 1, "event": "xid", "xid": 79}]
+    async with running_node(gpus=4, events=events) as node:
+        bad = node.uuids[1]
+        await node.advance(100)
+        devices = await node.kubelet.wait_devices(RESOURCE, lambda d: d[bad] == "Unhealthy")
+        assert sorted(u for u, h in devices.items() if h == "Healthy") == sorted(set(node.uuids) - {bad})
+        assert node.kubelet.update_node_status() == {"capacity": {RESOURCE: 4}, "allocatable": {RESOURCE: 3}}
+        # an unhealthy GPU is never offered: a 4-GPU pod cannot be admitted now
+        await node.bind("wide", [0, 1, 2, 3])
+        with pytest.raises(AdmissionError, match="requested 4"):
+            await node.admit("wide", 4)
+
+        await node.advance(70)  # past the 60 s recovery hold-down: healthy again, no restart
+        await node.kubelet.wait_devices(RESOURCE, lambda d: d[bad] == "Healthy")
+        assert len(node.kubelet.registrations) == 1
+        assert await node.admit("wide", 4) == tuple(node.uuids)
+
+
+async def test_pods_bound_in_quick_succession_each_get_exactly_their_assigned_gpus() -> None:
+    async with running_node(gpus=8) as node:
+        # equal counts, assignments in an order kubelet would never pick by itself
+        plan = {"p0": [6, 7], "p1": [2, 5], "p2": [0, 3], "p3": [1, 4]}
+        for name, indices in plan.items():
+            await node.bind(name, indices)
+        got = {}
+        for name in plan:  # kubelet admits in the order the pods arrive
+            got[name] = await node.admit(name, 2)
+        for name, indices in plan.items():
+            want = tuple(node.uuids[i] for i in indices)
+            assert got[name] == want, name
+            assert node.kubelet.allocated("default", name) == {"main": want}
+
+        # the observed call sequence: GPA(all available, no must-include, size 2) → Allocate → PreStart
+        first = node.kubelet.calls[:3]
+        assert first[0] == Call("GetPreferredAllocation", available=tuple(sorted(node.uuids)), size=2)
+        assert first[1] == Call("Allocate", devices=got["p0"])
+        assert first[2].method == "PreStartContainer" and set(first[2].devices) == set(got["p0"])
+        assert sample(node, "flexlease_deviceplugin_allocations_total", result="matched") == 4.0
+        assert sample(node, "flexlease_deviceplugin_allocations_total", result="unmatched") == 0.0
+
+        # PodResources: one ContainerDevices entry per device, GetAllocatableResources every healthy one
+        async with grpc.aio.insecure_channel(f"unix:{node.kubelet.pod_resources_socket}") as channel:
+            listed = await rpc.unary_call(channel, rpc.POD_RESOURCES, "List", prpb.ListPodResourcesResponse)(
+                prpb.ListPodResourcesRequest(), timeout=5
+            )
+            allocatable = await rpc.unary_call(
+                channel, rpc.POD_RESOURCES, "GetAllocatableResources", prpb.AllocatableResourcesResponse
+            )(prpb.AllocatableResourcesRequest(), timeout=5)
+        p0 = next(p for p in listed.pod_resources if p.name == "p0")
+        assert [(d.resource_name, list(d.device_ids)) for d in p0.containers[0].devices] == [
+            (RESOURCE, [got["p0"][0]]),
+            (RESOURCE, [got["p0"][1]]),
+        ]
+        assert sorted(i for d in allocatable.devices for i in d.device_ids) == sorted(node.uuids)
+
+        # nothing was mismatched: the read-back agrees
+        assert node.plugin.reconciler is not None
+        assert await node.plugin.reconciler.reconcile() == []
+
+
+async def test_one_gpu_pods_bound_back_to_back_and_admitted_at_once() -> None:
+    async with running_node(gpus=4) as node:
+        order = [3, 1, 0, 2]
+        # bind and admit without waiting for the agent's watch: Allocate waits for it
+        names = [f"one-{i}" for i in range(4)]
+        for name, index in zip(names, order, strict=True):
+            await node.bind(name, [index])
+        results = [await node.admit(name, 1) for name in names]
+        assert results == [(node.uuids[i],) for i in order]
+
+
+async def test_allocate_answers_with_the_assigned_uuids_in_assignment_order() -> None:
+    async with running_node(gpus=4, device_plugin_device_specs=True, cdi_prefix="nvidia.com/gpu") as node:
+        await node.bind("ordered", [3, 0])
+        got = await node.kubelet.admit("default", "ordered", [("main", 2)], resource=RESOURCE)
+        response = got["main"].response
+        assert response.envs[ENV_VISIBLE_DEVICES] == f"{node.uuids[3]},{node.uuids[0]}"
+        minors = [node.ctx.board.devices[i].minor_number for i in (3, 0)]
+        paths = [d.host_path for d in response.devices]
+        assert paths[:2] == [f"/dev/nvidia{m}" for m in minors]
+        assert set(paths[2:]) == {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+        assert [c.name for c in response.cdi_devices] == [f"nvidia.com/gpu={node.uuids[i]}" for i in (3, 0)]
+
+
+async def test_a_forced_mismatch_is_detected_counted_and_written_back() -> None:
+    async with running_node(gpus=4, device_plugin_match_wait_seconds=0.05) as node:
+        await node.bind("victim", [0, 1])
+        # kubelet ignores the preference (e.g. an older kubelet): it takes GPUs 2 and 3
+        got = await node.admit("victim", 2, choose=lambda available, n: [node.uuids[2], node.uuids[3]])
+        assert got == (node.uuids[2], node.uuids[3])
+        assert sample(node, "flexlease_deviceplugin_allocations_total", result="unmatched") == 1.0
+
+        reconciler = node.plugin.reconciler
+        assert reconciler is not None
+        (mismatch,) = await reconciler.reconcile()
+        assert mismatch.key == "default/victim"
+        assert mismatch.assigned == {node.uuids[0], node.uuids[1]}
+        assert mismatch.actual == {node.uuids[2], node.uuids[3]}
+        pod = await node.store.get(Kind.POD, "victim", namespace="default")
+        ann = pod["metadata"]["annotations"]
+        assert ann[keys.ANN_ASSIGNED_GPUS] == f"{NODE}:2,3"
+        assert ann[keys.ANN_ASSIGNED_UUIDS] == f"{node.uuids[2]},{node.uuids[3]}"
+        assert json.loads(ann[keys.ANN_ASSIGNMENT_CORRECTED])["was"] == f"{NODE}:0,1"
+        assert sample(node, "flexlease_deviceplugin_mismatches_total") == 1.0
+        assert sample(node, "flexlease_deviceplugin_writebacks_total", result="ok") == 1.0
+
+        # once the watch shows the corrected assignment, the next rounds agree and count nothing
+        for _ in range(200):
+            if node.plugin.book is not None and node.plugin.book.uuids("default/victim") == got:
+                break
+            await asyncio.sleep(0.005)
+        assert await reconciler.reconcile() == []
+        assert sample(node, "flexlease_deviceplugin_mismatches_total") == 1.0
+        assert sample(node, "flexlease_deviceplugin_kubelet_allocatable") == 4.0
+
+
+async def test_a_pod_holding_gpus_without_an_assignment_gets_one_written() -> None:
+    async with running_node(gpus=2, device_plugin_match_wait_seconds=0.05) as node:
+        pod = await node.bind("stray", [0])
+        # an operator's pod placed without the extender: no assignment annotations
+        del pod["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS]
+        await node.store.patch(
+            Kind.POD,
+            "stray",
+            {"metadata": {"annotations": {keys.ANN_ASSIGNED_GPUS: None, keys.ANN_ASSIGNED_UUIDS: None}}},
+            namespace="default",
+        )
+        got = await node.admit("stray", 1)
+        assert node.plugin.reconciler is not None
+        (mismatch,) = await node.plugin.reconciler.reconcile()
+        assert mismatch.assigned == frozenset()
+        pod = await node.store.get(Kind.POD, "stray", namespace="default")
+        index = node.uuids.index(got[0])
+        assert pod["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == f"{NODE}:{index}"
+
+
+async def test_after_an_agent_restart_allocated_pods_are_not_pending() -> None:
+    async with running_node(gpus=4, device_plugin_match_wait_seconds=0.0) as node:
+        await node.bind("old", [0, 1])
+        assert await node.admit("old", 2) == (node.uuids[0], node.uuids[1])
+        # the agent restarts: a fresh component reads PodResources before registering
+        node.stop.set()
+        await asyncio.wait_for(node.task, 10)
+        ctx, _ = await make_context(
+            node.ctx.settings, node.store, node.clock, node_config(4), registry=CollectorRegistry()
+        )
+        plugin = DevicePluginComponent()
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(ctx, [HealthWatch(), plugin], stop=stop), name="test:agent2")
+        try:
+            await node.kubelet.wait_registered(RESOURCE, registrations=2)
+            assert plugin.book is not None
+            assert plugin.book.pending()[0].allocated == {node.uuids[0], node.uuids[1]}
+            await node.bind("new", [2, 3])
+            assert await node.admit("new", 2) == (node.uuids[2], node.uuids[3])
+            assert (
+                ctx.registry.get_sample_value(
+                    "flexlease_deviceplugin_preferred_total", {"node": NODE, "match": "unique"}
+                )
+                == 1.0
+            )
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+
+
+async def test_gpu_ids_are_shuffled_by_kubelet_in_prestart_and_still_accepted() -> None:
+    async with running_node(gpus=4) as node:
+        await node.bind("p", [1, 2])
+        assert await node.admit("p", 2) == (node.uuids[1], node.uuids[2])
+        pre = [c for c in node.kubelet.calls if c.method == "PreStartContainer"]
+        assert pre[0].devices == (node.uuids[2], node.uuids[1])
