@@ -12,8 +12,11 @@ Run by ``hack/local-up.sh`` (the README's first command), which starts a private
   and doing in-sandbox hot restarts on the real containerd (``strategy: direct``);
 * this driver, which plays kube-scheduler (every pending pod goes filter → prioritize → bind
   through the extender, wire format of ``k8s.io/kube-scheduler/extender/v1``), a kubelet
-  stand-in (every bound pod runs as a CRI sandbox + container; evicted pods are torn down)
-  and the online job's controller.
+  stand-in (every bound pod is admitted through its node agent's device plugin over gRPC —
+  ``GetPreferredAllocation`` → ``Allocate`` → ``PreStartContainer``, with one test kubelet per
+  node from ``standins.kubelet_devices`` serving Registration and PodResources — then runs as
+  a CRI sandbox + container with the ``NVIDIA_VISIBLE_DEVICES`` the plugin returned; evicted
+  pods are torn down) and the online job's controller.
 
 The day (simulated time): 00:00 the online job ``recsys/ranker`` starts 16 one-GPU HA pods on
 nodes gpu-0 and gpu-1; 01:00 traffic falls and it lends gpu-1's 8 GPUs (``GPULease`` Lend);
@@ -21,7 +24,8 @@ nodes gpu-0 and gpu-1; 01:00 traffic falls and it lends gpu-1's 8 GPUs (``GPULea
 Reclaim lease gives the LP pods a graceful-reclaim notice and evicts them, the failed GPU is
 supplemented from the standby node gpu-3, the job's 8 pods come back onto the same GPUs, and
 the 8 pods that stayed are hot-restarted in their sandboxes onto the new model image.
-Prints a report and writes ``report.json`` and ``gpu-timeline.png`` under ``--out``.
+Prints a report (including whether every pod ran on exactly its assigned GPUs) and writes
+``report.json`` and ``gpu-timeline.png`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +54,7 @@ from matplotlib.patches import Rectangle
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 
 from flexlease.api import keys
-from flexlease.api.pod import parse_pod
+from flexlease.api.pod import parse_pod, pod_gpu_count
 from flexlease.api.resources import DeviceKey, LeaseAction, Pool, parse_gpulease, parse_gpunode
 from flexlease.api.tiers import Tier
 from flexlease.errors import FlexleaseError, NotFound, StoreError
@@ -59,7 +65,9 @@ from flexlease.store.base import JsonObj, Kind
 from flexlease.store.sqlite import SqliteStore
 from nodeagent.cri import podspec
 from nodeagent.cri.client import GrpcCri
+from nodeagent.deviceplugin.response import ENV_VISIBLE_DEVICES
 from nodeagent.hotrestart.model import HotRestartStatus
+from standins.kubelet_devices import AdmissionError, DeviceKubelet
 
 OWNER_JOB: Final = "ranker"
 OWNER_NS: Final = "recsys"
@@ -127,47 +135,104 @@ class RunningPod:
     sandbox_id: str
     pod_ip: str
     start_seconds: float
+    node: str = ""
+    namespace: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCheck:
+    """One pod's GPUs: what the extender assigned (``assigned-uuids`` when the kubelet
+    stand-in admitted it) and what the device plugin made kubelet allocate and the container
+    see (``NVIDIA_VISIBLE_DEVICES``)."""
+
+    pod: str
+    node: str
+    assigned: tuple[str, ...]
+    allocated: tuple[str, ...]
+    visible: tuple[str, ...]
+
+    @property
+    def exact(self) -> bool:
+        return set(self.assigned) == set(self.allocated) and self.visible == self.assigned
 
 
 @dataclass(slots=True)
 class Kubelet:
-    """Stand-in kubelet for every node (one containerd here): runs each bound, non-terminated
-    pod as a sandbox with one container (the pod's image) and reports it Running with its pod
-    IP; tears down the sandboxes of pods that are gone (evicted, deleted)."""
+    """Stand-in kubelet for every node (one containerd here): admits each bound, non-terminated
+    pod through its node's test kubelet (``devices[node]``, which calls that node agent's device
+    plugin over gRPC), runs it as a sandbox with one container (the pod's image, with the
+    plugin's ``NVIDIA_VISIBLE_DEVICES``) and reports it Running with its pod IP; tears down the
+    sandboxes of pods that are gone (evicted, deleted) and frees their devices."""
 
     cri: GrpcCri
     testbed: Testbed
     store: SqliteStore
+    devices: dict[str, DeviceKubelet] = field(default_factory=dict)
     running: dict[str, RunningPod] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    checks: list[DeviceCheck] = field(default_factory=list)
 
     async def sync(self) -> None:
         pods = {p["metadata"]["uid"]: p for p in (await self.store.list(Kind.POD)).items}
+        for uid in [u for u in self.running if u not in pods]:
+            await self._stop(uid)  # first, so a pod's devices are free before a successor's admission
         for uid, pod in pods.items():
             if uid in self.running or not pod["spec"].get("nodeName"):
                 continue
             if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                 continue
             await self._start(pod)
-        for uid in [u for u in self.running if u not in pods]:
-            await self._stop(uid)
+
+    async def _admit(self, pod: JsonObj) -> dict[str, str]:
+        """Device-plugin admission on the pod's node; the container's extra environment."""
+        meta = pod["metadata"]
+        count = pod_gpu_count(pod)
+        node = pod["spec"]["nodeName"]
+        if count == 0:
+            return {}
+        container = pod["spec"]["containers"][0]["name"]
+        kubelet = self.devices[node]
+        got = await kubelet.admit(
+            meta["namespace"], meta["name"], [(container, count)], resource=keys.DEFAULT_GPU_RESOURCE
+        )
+        env = dict(got[container].response.envs)
+        assigned = meta.get("annotations", {}).get(keys.ANN_ASSIGNED_UUIDS, "")
+        self.checks.append(
+            DeviceCheck(
+                pod=f"{meta['namespace']}/{meta['name']}",
+                node=node,
+                assigned=tuple(u for u in assigned.split(",") if u),
+                allocated=got[container].devices,
+                visible=tuple(u for u in env.get(ENV_VISIBLE_DEVICES, "").split(",") if u),
+            )
+        )
+        return env
 
     async def _start(self, pod: JsonObj) -> None:
         meta = pod["metadata"]
         ref = podspec.PodRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
         started = time.perf_counter()
         config = podspec.sandbox_config(ref, self.testbed.log_root, cgroup_parent=self.testbed.cgroup_parent)
+        node = pod["spec"]["nodeName"]
+        try:
+            env = await self._admit(pod)
+        except AdmissionError as exc:
+            self.errors.append(f"{meta['namespace']}/{meta['name']}: {exc}")
+            return
         try:
             sandbox_id = await self.cri.run_pod_sandbox(config)
             container = pod["spec"]["containers"][0]
-            spec = podspec.ContainerSpec(name=container["name"], image=container["image"])
+            spec = podspec.ContainerSpec(name=container["name"], image=container["image"], env=env)
             cid = await self.cri.create_container(sandbox_id, podspec.container_config(ref, spec), config)
             await self.cri.start_container(cid)
             ip = (await self.cri.pod_sandbox_status(sandbox_id)).ip or ""
         except FlexleaseError as exc:
             self.errors.append(f"{meta['namespace']}/{meta['name']}: {exc}")
             return
-        self.running[meta["uid"]] = RunningPod(sandbox_id, ip, time.perf_counter() - started)
+        self.running[meta["uid"]] = RunningPod(
+            sandbox_id, ip, time.perf_counter() - started, node, meta["namespace"], meta["name"]
+        )
         with contextlib.suppress(NotFound):
             await self.store.patch(
                 Kind.POD,
@@ -179,6 +244,8 @@ class Kubelet:
 
     async def _stop(self, uid: str) -> None:
         sandbox = self.running.pop(uid)
+        if sandbox.node in self.devices:
+            self.devices[sandbox.node].remove(sandbox.namespace, sandbox.name)
         with contextlib.suppress(FlexleaseError):
             await self.cri.stop_pod_sandbox(sandbox.sandbox_id)
             await self.cri.remove_pod_sandbox(sandbox.sandbox_id)
@@ -214,11 +281,37 @@ def node_config(name: str) -> JsonObj:
 
 
 @contextlib.asynccontextmanager
+async def device_kubelets(nodes: Sequence[str]) -> AsyncIterator[dict[str, DeviceKubelet]]:
+    """One test kubelet per node, each with its own device-plugin directory and PodResources
+    socket under a short temporary directory (unix socket paths are limited to 107 bytes)."""
+    base = Path(tempfile.mkdtemp(prefix="flexlease-demo-", dir="/tmp"))
+    kubelets = {
+        n: DeviceKubelet(base / n / "device-plugins", base / n / "pod-resources" / "kubelet.sock")
+        for n in nodes
+    }
+    try:
+        for k in kubelets.values():
+            await k.start()
+        yield kubelets
+    finally:
+        for k in kubelets.values():
+            await k.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
 async def running_agents(
-    nodes: Sequence[str], *, out: Path, db: Path, testbed: Testbed, speedup: float
+    nodes: Sequence[str],
+    *,
+    out: Path,
+    db: Path,
+    testbed: Testbed,
+    speedup: float,
+    kubelets: dict[str, DeviceKubelet],
 ) -> AsyncIterator[list[asyncio.subprocess.Process]]:
     """One ``python -m nodeagent.main`` per node (simulated NVML, SQLite store, direct hot
-    restarts on the testbed's containerd); SIGTERM on exit."""
+    restarts on the testbed's containerd, its device plugin registered with that node's test
+    kubelet in ``kubelets``); SIGTERM on exit."""
     procs: list[asyncio.subprocess.Process] = []
     try:
         for name in nodes:
@@ -235,6 +328,10 @@ async def running_agents(
                 FLEXLEASE_AGENT__HOT_RESTART_STRATEGY="direct",
                 FLEXLEASE_AGENT__CHECKPOINT_DIR=str(out / "agents" / name / "checkpoints"),
                 FLEXLEASE_AGENT__RECOVERY_HOLD_DOWN_SECONDS="1800",
+                FLEXLEASE_AGENT__DEVICE_PLUGIN_DIR=str(kubelets[name].plugin_dir),
+                FLEXLEASE_AGENT__POD_RESOURCES_SOCKET=str(kubelets[name].pod_resources_socket),
+                FLEXLEASE_AGENT__DEVICE_PLUGIN_POLL_SECONDS="0.2",
+                FLEXLEASE_AGENT__POD_RESOURCES_SECONDS="1",
                 FLEXLEASE_CLOCK_SPEEDUP=f"{speedup:g}",
                 PYTHONUNBUFFERED="1",
             )
@@ -667,6 +764,11 @@ def print_report(report: dict[str, Any]) -> None:
             f"new pods:      median {cold[len(cold) // 2]:.3f} s for a new sandbox + container, image "
             "already local (a full recreate with pull + checkpoint: hack/bench_restart.py)"
         )
+    dp = report["devicePlugin"]
+    lines.append(
+        f"device plugin: {dp['onAssignedGPUs']}/{dp['pods']} pods ran on exactly their assigned GPUs "
+        "(GetPreferredAllocation → Allocate over gRPC; NVIDIA_VISIBLE_DEVICES = assigned-uuids)"
+    )
     lines += [
         f"HA share:      {report['haShare']}",
         f"extender:      {report['extenderCalls']}",
@@ -701,8 +803,10 @@ async def amain(args: argparse.Namespace) -> int:
     ):
         await cri.connect()
         clock = SimClock(args.speedup)  # 00:00: the agents' scripted GPU events count from here
-        async with running_agents(
-            [*GENERAL, *STANDBY], out=out, db=db, testbed=testbed, speedup=args.speedup
+        nodes = [*GENERAL, *STANDBY]
+        async with (
+            device_kubelets(nodes) as kubelets,
+            running_agents(nodes, out=out, db=db, testbed=testbed, speedup=args.speedup, kubelets=kubelets),
         ):
             client = ExtenderClient(session, extender.url)
             await run_agents_day(
@@ -714,6 +818,7 @@ async def amain(args: argparse.Namespace) -> int:
                 report=report,
                 out=out,
                 end_hour=args.end_hour,
+                kubelets=kubelets,
             )
     await store.close()
     await asyncio.to_thread((out / "report.json").write_text, json.dumps(report, indent=2, default=str))
@@ -731,16 +836,30 @@ async def run_agents_day(
     report: dict[str, Any],
     out: Path,
     end_hour: float,
+    kubelets: dict[str, DeviceKubelet],
 ) -> None:
-    """With extender and agents running: wait for the agents' reports, play the day, fill ``report``."""
-    demo = Demo(store, client, Kubelet(cri, testbed, store), clock, testbed)
+    """With extender and agents running: wait for the agents' reports and their device plugins'
+    registrations, play the day, fill ``report``."""
+    demo = Demo(store, client, Kubelet(cri, testbed, store, kubelets), clock, testbed)
 
     async def nodes_reported() -> bool:
         nodes = await demo.gpunodes()
         return len(nodes) == 4 and all(len(n.status.devices) == GPUS_PER_NODE for n in nodes.values())
 
-    print("  waiting for 4 agents to report 32 GPUs")
+    print("  waiting for 4 agents to report 32 GPUs and register their device plugins")
     await demo.wait_for("agents to report their GPUs", nodes_reported, limit_s=120)
+    for name, node_kubelet in kubelets.items():
+        try:
+            await node_kubelet.wait_registered(keys.DEFAULT_GPU_RESOURCE, limit_s=60)
+            await node_kubelet.wait_devices(
+                keys.DEFAULT_GPU_RESOURCE,
+                lambda d: len(d) == GPUS_PER_NODE and all(h == "Healthy" for h in d.values()),
+                limit_s=60,
+            )
+        except TimeoutError as exc:
+            raise DemoError(
+                f"the device plugin of {name} did not register {GPUS_PER_NODE} healthy GPUs"
+            ) from exc
     try:
         async with asyncio.TaskGroup() as group:
             kubelet = group.create_task(demo.kubelet.loop(), name="kubelet")
@@ -759,6 +878,23 @@ async def run_agents_day(
     }
     report["extenderCalls"] = client.stats.as_dict()
     report["kubeletErrors"] = demo.kubelet.errors
+    checks = demo.kubelet.checks
+    report["devicePlugin"] = {
+        "pods": len(checks),
+        "onAssignedGPUs": sum(c.exact for c in checks),
+        "mismatched": [
+            {
+                "pod": c.pod,
+                "node": c.node,
+                "assigned": c.assigned,
+                "allocated": c.allocated,
+                "visible": c.visible,
+            }
+            for c in checks
+            if not c.exact
+        ],
+        "registrations": {n: len(k.registrations) for n, k in kubelets.items()},
+    }
     report["unschedulable"] = demo.unschedulable
     report["events"] = [f"{t} {m}" for t, m in demo.events]
     report["paths"] = {"report": str(out / "report.json"), "plot": str(plot(demo, out)), "logs": str(out)}

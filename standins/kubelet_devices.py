@@ -9,11 +9,16 @@ flexlease issue observed it:
   registration of a resource replaces the first.
 * Admitting a pod (:meth:`DeviceKubelet.admit`, one pod at a time like kubelet's admission),
   for each container that requests ``n`` devices: ``GetPreferredAllocation(available=[every
-  healthy, unallocated ID], must_include=[], size=n)`` when the plugin offers it, then
-  ``Allocate(devices_ids=[the n chosen])``, then ``PreStartContainer`` with the same IDs in
-  another order when the plugin requires it. A preference that is not a subset of the
-  available devices of the right size is ignored (kubelet then takes the first ``n``).
-  Too few healthy devices → :class:`AdmissionError` (kubelet's UnexpectedAdmissionError).
+  healthy, unallocated ID], must_include=[], size=n)`` when the plugin offers it and more than
+  ``n`` are available (kubelet's devicemanager ``devicesToAllocate``: ``needed <
+  aligned.Len()``), then ``Allocate(devices_ids=[the n chosen])``, then ``PreStartContainer``
+  with the same IDs in another order when the plugin requires it. A preference that is not a
+  subset of the available devices of the right size is ignored (kubelet then takes the first
+  ``n``). Too few healthy devices → :class:`AdmissionError` (kubelet's
+  UnexpectedAdmissionError); the pod is then rejected and no longer listed.
+* As kubelet's ``HandlePodAdditions`` adds a pod to its pod manager before admitting it (and
+  the device manager releases its lock around GetPreferredAllocation), PodResources ``List``
+  shows the pod being admitted, without devices, while the plugin is called.
 * :meth:`DeviceKubelet.restart`: the plugin streams end, every socket in the directory is
   deleted (kubelet's checkpoint file kept) and ``kubelet.sock`` is created anew. Pods keep
   their devices and get no second ``Allocate``.
@@ -319,6 +324,7 @@ class DeviceKubelet:
             if existing is not None:
                 return {c: a[0] for c, a in existing.containers.items() if a}
             pod = _Pod(namespace, name)
+            self._pods[(namespace, name)] = pod  # in the pod manager (and List) during admission
             try:
                 for container, count in containers:
                     if count <= 0:
@@ -326,10 +332,13 @@ class DeviceKubelet:
                         continue
                     pod.containers[container] = [await self._allocate_container(pod, resource, count, choose)]
             except grpc.aio.AioRpcError as exc:
+                del self._pods[(namespace, name)]
                 raise AdmissionError(
                     f"{namespace}/{name}: plugin call failed: {exc.code().name}: {exc.details()}"
                 ) from exc
-            self._pods[(namespace, name)] = pod
+            except AdmissionError:
+                del self._pods[(namespace, name)]  # rejected: Failed, so no longer active
+                raise
             return {c: a[0] for c, a in pod.containers.items() if a}
 
     async def _allocate_container(
@@ -348,7 +357,7 @@ class DeviceKubelet:
                 f"{len(available)} available"
             )
         chosen: list[str] = available[:count]
-        if plugin.options.get_preferred_allocation_available:
+        if plugin.options.get_preferred_allocation_available and count < len(available):
             gpa = rpc.unary_call(
                 plugin.channel, rpc.DEVICE_PLUGIN, "GetPreferredAllocation", pb.PreferredAllocationResponse
             )

@@ -54,7 +54,8 @@ class DevicePluginComponent:
             name=f"deviceplugin-pods:{ctx.node}",
         )
         reconciler = PodResourcesReconciler(book, board, ctx.store, s, metrics)
-        endpoint = PluginEndpoint(DevicePluginService(board, book, s, metrics), s, metrics)
+        service = DevicePluginService(board, book, s, metrics, listed=reconciler.listed)
+        endpoint = PluginEndpoint(service, s, metrics)
         self.book, self.reconciler = book, reconciler
         async with asyncio.TaskGroup() as tg:
             tg.create_task(informer.run(), name=informer.name)

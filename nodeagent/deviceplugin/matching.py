@@ -9,12 +9,16 @@ disjoint, so:
   of at most one pod — that pod is the one being admitted (no timestamps, no node lock);
 * :func:`prefer`: for ``GetPreferredAllocation`` the candidates are the pods bound here whose
   assignment is not yet (fully) allocated. A non-empty ``must_include`` pins the pod as above.
-  Otherwise the pods that fit (assigned devices available, the right count) are ranked:
-  exact fits (the pod's remaining devices = the requested size) before partial ones (a pod
-  whose containers are allocated one by one), then in the order the agent saw them bound
-  (``seq``) — the order of the pod watch stream that kubelet follows too, since kubelet admits
-  pods as they arrive. A choice among several equal fits is marked ``ambiguous`` and the
-  PodResources reconcile (:mod:`nodeagent.deviceplugin.reconcile`) checks it afterwards.
+  Otherwise, among the pods that fit (assigned devices available, the right count), the one
+  kubelet's PodResources ``List`` shows admitted but without (all) its devices is the pod being
+  admitted (kubelet adds a pod to its pod manager before admitting it and releases its device
+  manager lock during GetPreferredAllocation, so ``List`` answers then and shows it;
+  ``listed``). When that does not single one out (no ``listed``, or several such pods), the
+  fits are ranked: exact fits (the pod's remaining devices = the requested size) before partial
+  ones (a pod whose containers are allocated one by one), then in the order the agent saw them
+  bound (``seq``). Such a choice is marked ``ambiguous``; the PodResources reconcile
+  (:mod:`nodeagent.deviceplugin.reconcile`) checks it afterwards and exchanges assignments when
+  kubelet admitted another pod than guessed (:func:`exchange`).
 
 Device IDs are NVML UUIDs (the IDs the plugin advertises).
 """
@@ -22,7 +26,7 @@ Device IDs are NVML UUIDs (the IDs the plugin advertises).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -51,6 +55,8 @@ class PreferenceKind(enum.StrEnum):
     """``must_include`` named devices of exactly one pod."""
     UNIQUE = "unique"
     """Exactly one pod fits."""
+    ADMITTING = "admitting"
+    """Several fit; kubelet's PodResources shows exactly one of them being admitted."""
     ORDERED = "ordered"
     """Several pods fit equally; the first bound was taken."""
     NONE = "none"
@@ -84,9 +90,12 @@ def prefer(
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
+    *,
+    listed: Mapping[str, frozenset[str]] | None = None,
 ) -> Preference:
     """The preferred allocation for one container request (kubelet's
-    ``available_deviceIDs``, ``must_include_deviceIDs``, ``allocation_size``).
+    ``available_deviceIDs``, ``must_include_deviceIDs``, ``allocation_size``). ``listed``:
+    kubelet's PodResources ``List`` (``<ns>/<name>`` → device IDs of the resource), if read.
 
     Returns the devices of the pod being admitted (see the module docstring). With no fitting
     pod, returns ``must_include`` then available devices in kubelet's order up to ``size``
@@ -116,6 +125,11 @@ def prefer(
         # Disjoint assignments: only one pod can hold a non-empty must_include.
         _, _, pod, chosen = fits[0]
         return Preference(chosen, pod.key, PreferenceKind.PINNED)
+    if listed is not None and len(fits) > 1:
+        admitting = [f for f in fits if f[2].key in listed and listed[f[2].key] < frozenset(f[2].uuids)]
+        if len(admitting) == 1:
+            _, _, pod, chosen = admitting[0]
+            return Preference(chosen, pod.key, PreferenceKind.ADMITTING)
     fits.sort(key=lambda f: (not f[0], f[1], f[2].key))
     best_exact = fits[0][0]
     equal = [f for f in fits if f[0] == best_exact]
@@ -153,6 +167,41 @@ def compare(key: str, assigned: Iterable[str], actual: Iterable[str]) -> Mismatc
     """A :class:`Mismatch` when the two device sets differ (order does not matter), else None."""
     a, b = frozenset(assigned), frozenset(actual)
     return None if a == b else Mismatch(key, a, b)
+
+
+def exchange(
+    key: str,
+    actual: Sequence[str],
+    pods: Iterable[PendingPod],
+    *,
+    allocated: Mapping[str, frozenset[str]],
+) -> dict[str, tuple[str, ...]]:
+    """The assignments to write when kubelet gave pod ``key`` the devices ``actual`` instead of
+    its assignment: ``key`` gets ``actual``, and every other pod whose assignment holds some of
+    ``actual`` and that kubelet has not allocated yet (not in ``allocated``) gets those devices
+    replaced one-for-one, in order, by the devices ``key`` was assigned and did not get (free
+    now). So assignments stay disjoint and each pod still pending can be admitted onto its
+    assignment. A pod that kubelet already allocated is left alone here: its own read-back
+    entry corrects it. Returns ``<ns>/<name>`` → new device IDs (assignment order kept)."""
+    by_key = {p.key: p for p in pods}
+    out: dict[str, tuple[str, ...]] = {key: tuple(actual)}
+    own = by_key.get(key)
+    taken = set(actual)
+    spare = [u for u in (own.uuids if own is not None else ()) if u not in taken]
+    for pod in sorted(by_key.values(), key=lambda p: (p.seq, p.key)):
+        if pod.key == key or pod.key in allocated or not taken & set(pod.uuids):
+            continue
+        new = []
+        for u in pod.uuids:
+            if u in taken:
+                if not spare:
+                    break
+                new.append(spare.pop(0))
+            else:
+                new.append(u)
+        else:
+            out[pod.key] = tuple(new)
+    return out
 
 
 def merge_container_devices(entries: Iterable[tuple[str, Sequence[str]]], resource: str) -> tuple[str, ...]:

@@ -1,5 +1,8 @@
 """Read back what kubelet really gave each pod (PodResources API) and keep the assignments true.
 
+:meth:`PodResourcesReconciler.listed` also answers the device plugin's question "which pods
+does kubelet list without their devices" during GetPreferredAllocation.
+
 Every ``agent.pod_resources_seconds`` (and once at start, before the plugin registers, so an
 agent restart knows which pods are already allocated) :class:`PodResourcesReconciler` calls
 kubelet's ``v1.PodResourcesLister``:
@@ -8,10 +11,12 @@ kubelet's ``v1.PodResourcesLister``:
   one ``ContainerDevices`` entry per device; they are merged). Each pod's set is recorded as its
   allocation and compared with its assignment. A mismatch (or a pod holding GPUs with no
   assignment at all) is counted once, logged with both sets, and written back: the pod's
-  ``assigned-gpus``/``assigned-uuids`` are set to what it holds and
-  ``flexlease.io/assignment-corrected`` records the previous value, with a merge patch
-  conditional on the resourceVersion just read (a conflict is retried at the next round), so
-  the extender's view stays true.
+  ``assigned-gpus``/``assigned-uuids`` are set to what it holds, and pods still waiting for
+  admission whose assignments held those devices get the ones it left free instead
+  (:func:`~nodeagent.deviceplugin.matching.exchange`), so assignments stay disjoint;
+  ``flexlease.io/assignment-corrected`` records each previous value. Every write is a merge
+  patch conditional on the resourceVersion just read (a conflict is retried at the next
+  round), so the extender's view stays true.
 * ``GetAllocatableResources``: the number of devices kubelet considers allocatable, as a gauge,
   with a log line when it differs from the healthy devices the plugin advertises.
 
@@ -39,7 +44,7 @@ from flexlease.logging import ctx
 from flexlease.store.base import Kind, Store
 from nodeagent.deviceplugin import podresources_pb2 as prpb
 from nodeagent.deviceplugin import rpc
-from nodeagent.deviceplugin.matching import Mismatch, compare, merge_container_devices
+from nodeagent.deviceplugin.matching import Mismatch, compare, exchange, merge_container_devices
 from nodeagent.deviceplugin.metrics import DevicePluginMetrics
 from nodeagent.deviceplugin.pods import PodBook
 from nodeagent.health.board import NodeBoard
@@ -47,6 +52,7 @@ from nodeagent.health.board import NodeBoard
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_SECONDS: Final = 5.0
+LISTED_TIMEOUT_SECONDS: Final = 1.0
 
 
 def _rfc3339(now: datetime) -> str:
@@ -101,10 +107,29 @@ class PodResourcesReconciler:
             )
         return None
 
+    def _pods(self, listed: prpb.ListPodResourcesResponse) -> dict[str, tuple[str, ...]]:
+        resource = self._settings.gpu_resource
+        pods: dict[str, tuple[str, ...]] = {}
+        for pod in listed.pod_resources:
+            entries = [(d.resource_name, list(d.device_ids)) for c in pod.containers for d in c.devices]
+            pods[f"{pod.namespace}/{pod.name}"] = merge_container_devices(entries, resource)
+        return pods
+
+    async def listed(self) -> dict[str, frozenset[str]] | None:
+        """kubelet's ``List`` now: every pod it lists → device IDs of the resource (empty for a
+        pod being admitted); None when kubelet does not answer within a second."""
+        try:
+            async with grpc.aio.insecure_channel(f"unix:{self._settings.pod_resources_socket}") as channel:
+                list_ = rpc.unary_call(channel, rpc.POD_RESOURCES, "List", prpb.ListPodResourcesResponse)
+                response = await list_(prpb.ListPodResourcesRequest(), timeout=LISTED_TIMEOUT_SECONDS)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("PodResources List failed", extra=ctx(node=self.node, code=exc.code().name))
+            return None
+        return {k: frozenset(v) for k, v in self._pods(response).items()}
+
     async def read(self) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
         """kubelet's view: ``<ns>/<name>`` → device IDs of the resource (pods with none left
         out), and the allocatable device IDs. Raises ``grpc.aio.AioRpcError``."""
-        resource = self._settings.gpu_resource
         async with grpc.aio.insecure_channel(f"unix:{self._settings.pod_resources_socket}") as channel:
             list_ = rpc.unary_call(channel, rpc.POD_RESOURCES, "List", prpb.ListPodResourcesResponse)
             get_allocatable = rpc.unary_call(
@@ -114,14 +139,9 @@ class PodResourcesReconciler:
             allocatable = await get_allocatable(
                 prpb.AllocatableResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS
             )
-        pods: dict[str, tuple[str, ...]] = {}
-        for pod in listed.pod_resources:
-            entries = [(d.resource_name, list(d.device_ids)) for c in pod.containers for d in c.devices]
-            ids = merge_container_devices(entries, resource)
-            if ids:
-                pods[f"{pod.namespace}/{pod.name}"] = ids
+        pods = {k: v for k, v in self._pods(listed).items() if v}
         alloc = merge_container_devices(
-            ((d.resource_name, list(d.device_ids)) for d in allocatable.devices), resource
+            ((d.resource_name, list(d.device_ids)) for d in allocatable.devices), self._settings.gpu_resource
         )
         return pods, alloc
 
@@ -130,7 +150,8 @@ class PodResourcesReconciler:
         ``grpc.aio.AioRpcError`` when kubelet does not answer and ``StoreError`` when a write
         fails for another reason than a conflict."""
         actual, allocatable = await self.read()
-        self._book.set_allocated({k: frozenset(v) for k, v in actual.items()})
+        allocated = {k: frozenset(v) for k, v in actual.items()}
+        self._book.set_allocated(allocated)
         self._check_allocatable(allocatable)
         found: list[Mismatch] = []
         for key, ids in sorted(actual.items()):
@@ -152,7 +173,8 @@ class PodResourcesReconciler:
                         actual=sorted(mismatch.actual),
                     ),
                 )
-            await self._write_back(key, ids)
+            for pod, devices in exchange(key, ids, self._book.pending(), allocated=allocated).items():
+                await self._write_back(pod, devices, cause=key)
         self.rounds += 1
         return found
 
@@ -169,7 +191,8 @@ class PodResourcesReconciler:
                 extra=ctx(node=self.node, kubelet=sorted(allocatable), healthy=sorted(healthy)),
             )
 
-    async def _write_back(self, key: str, ids: tuple[str, ...]) -> None:
+    async def _write_back(self, key: str, ids: tuple[str, ...], *, cause: str) -> None:
+        """Set pod ``key``'s assignment to ``ids`` (because of what kubelet gave pod ``cause``)."""
         index_of = {ident.uuid: index for index, ident in self._board.devices.items()}
         unknown = [u for u in ids if u not in index_of]
         if unknown:
@@ -198,7 +221,8 @@ class PodResourcesReconciler:
                     keys.ANN_ASSIGNED_UUIDS: ",".join(ids),
                     keys.ANN_ASSIGNED_AT: annotations.get(keys.ANN_ASSIGNED_AT) or _rfc3339(self._now()),
                     keys.ANN_ASSIGNMENT_CORRECTED: json.dumps(
-                        {"was": was.format() if was else "", "at": _rfc3339(self._now())}, sort_keys=True
+                        {"was": was.format() if was else "", "at": _rfc3339(self._now()), "cause": cause},
+                        sort_keys=True,
                     ),
                 }
             }
@@ -222,5 +246,7 @@ class PodResourcesReconciler:
         self._metrics.writebacks.labels(node=self.node, result="ok").inc()
         log.warning(
             "corrected the pod's assignment to what kubelet allocated",
-            extra=ctx(node=self.node, pod=key, was=was.format() if was else None, gpu=new.format()),
+            extra=ctx(
+                node=self.node, pod=key, was=was.format() if was else None, gpu=new.format(), cause=cause
+            ),
         )

@@ -6,7 +6,8 @@
   and again at every change of the board, so a GPU that fails stops being allocatable and one
   that recovers comes back without a restart.
 * ``GetPreferredAllocation``: for each container request, the assigned devices of the pod
-  being admitted (:func:`~nodeagent.deviceplugin.matching.prefer`).
+  being admitted (:func:`~nodeagent.deviceplugin.matching.prefer`; when several pods fit, it
+  asks kubelet's PodResources ``List`` which of them is being admitted).
 * ``Allocate``: maps each container's device set back to the one pod whose assignment holds
   it (:func:`~nodeagent.deviceplugin.matching.allocated_pod`), records it, and answers with
   ``NVIDIA_VISIBLE_DEVICES`` (and device nodes / CDI names when configured). Devices that are
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -66,7 +67,12 @@ class DevicePluginService:
         book: PodBook,
         settings: AgentSettings,
         metrics: DevicePluginMetrics,
+        *,
+        listed: Callable[[], Awaitable[Mapping[str, frozenset[str]] | None]] | None = None,
     ) -> None:
+        """``listed``: reads kubelet's PodResources ``List`` (pod → device IDs; None when it
+        does not answer), asked when several pods fit a request."""
+        self._listed = listed
         self._board = board
         self._book = book
         self._settings = settings
@@ -154,6 +160,10 @@ class DevicePluginService:
                 return prefer(self._book.pending(), available, must, size)
 
             pref: Preference = await self._until(lambda p: p.kind is not PreferenceKind.NONE, compute)
+            if pref.kind is PreferenceKind.ORDERED and self._listed is not None:
+                listed = await self._listed()
+                if listed is not None:
+                    pref = prefer(self._book.pending(), available, must, size, listed=listed)
             self._metrics.preferred.labels(node=self.node, match=pref.kind.value).inc()
             level = (
                 logging.WARNING

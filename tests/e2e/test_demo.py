@@ -61,6 +61,12 @@ async def test_demo_day_lends_reclaims_supplements_and_hot_restarts(
     assert all(h["phase"] == "Succeeded" and h["sameSandbox"] and h["samePodIP"] for h in hot.values()), hot
     assert report["haShare"]["min"] == 1.0
     assert not report["kubeletErrors"]
+    # every pod the kubelet stand-in started got its GPUs through the agent's device plugin
+    # (GetPreferredAllocation → Allocate over gRPC) and ran on exactly its assigned GPUs
+    plugin = report["devicePlugin"]
+    assert plugin["pods"] >= 16 + 8 and plugin["onAssignedGPUs"] == plugin["pods"], plugin["mismatched"]
+    assert plugin["registrations"] == {"gpu-0": 1, "gpu-1": 1, "gpu-2": 1, "gpu-3": 1}
+    assert "pods ran on exactly their assigned GPUs" in text
     assert all(v["errors"] == 0 for v in report["extenderCalls"].values())
     assert os.path.getsize(report["paths"]["plot"]) > 10_000
     assert "== flexlease demo report" in text

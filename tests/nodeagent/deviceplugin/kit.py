@@ -60,10 +60,15 @@ class Node:
         )
         return await self.store.create(Kind.POD, pod)
 
-    async def admit(self, name: str, count: int, *, namespace: str = "default", **kw: Any) -> tuple[str, ...]:
-        """kubelet admits the pod (one container ``main``); returns the IDs allocated."""
+    def ids(self, *indices: int) -> frozenset[str]:
+        """The UUIDs of NVML ``indices``."""
+        return frozenset(self.uuids[i] for i in indices)
+
+    async def admit(self, name: str, count: int, *, namespace: str = "default", **kw: Any) -> frozenset[str]:
+        """kubelet admits the pod (one container ``main``); returns the IDs allocated (a set:
+        kubelet's order is its own)."""
         got = await self.kubelet.admit(namespace, name, [("main", count)], resource=RESOURCE, **kw)
-        return got["main"].devices
+        return frozenset(got["main"].devices)
 
     async def advance(self, seconds: float, *, step: float = 5.0) -> None:
         """Advance the ManualClock, letting the health watch run between steps."""

@@ -10,6 +10,7 @@ from nodeagent.deviceplugin.matching import (
     PreferenceKind,
     allocated_pod,
     compare,
+    exchange,
     merge_container_devices,
     prefer,
 )
@@ -120,3 +121,48 @@ def test_a_preference_is_always_valid_for_kubelet(state: tuple[list[PendingPod],
         assert set(p.devices) <= set(chosen.remaining)
         # and Allocate of those devices maps back to that same pod
         assert size == 0 or allocated_pod(pods, p.devices) == chosen
+
+
+def test_kubelets_list_singles_out_the_pod_being_admitted() -> None:
+    pods = [pod("first", 0, 1, seq=1), pod("second", 2, 3, seq=2), pod("third", 4, 5, seq=3)]
+    # kubelet admits "third" first: it lists it (without devices), not the other two yet
+    listed = {"third": frozenset(), "other/no-gpu": frozenset(), "old": frozenset({IDS[7]})}
+    p = prefer(pods, IDS, [], 2, listed=listed)
+    assert (p.pod, p.kind, p.devices) == ("third", PreferenceKind.ADMITTING, (IDS[4], IDS[5]))
+    # several listed without devices (a batch): fall back to the bind order, marked ambiguous
+    p = prefer(pods, IDS, [], 2, listed={"second": frozenset(), "third": frozenset()})
+    assert (p.pod, p.kind) == ("first", PreferenceKind.ORDERED)
+
+
+def test_exchange_gives_the_pending_pod_the_devices_the_admitted_one_left() -> None:
+    pods = [pod("x", 0, 1, seq=1), pod("y", 2, 3, seq=2), pod("z", 4, seq=3, allocated=(4,))]
+    writes = exchange("x", [IDS[2], IDS[3]], pods, allocated={"x": frozenset({IDS[2], IDS[3]})})
+    assert writes == {"x": (IDS[2], IDS[3]), "y": (IDS[0], IDS[1])}
+    # partly overlapping: only the taken device is replaced
+    writes = exchange("x", [IDS[1], IDS[2]], pods, allocated={})
+    assert writes == {"x": (IDS[1], IDS[2]), "y": (IDS[0], IDS[3])}
+    # an allocated pod is never rewritten here (its own read-back entry corrects it)
+    writes = exchange("x", [IDS[4], IDS[5]], pods, allocated={"z": frozenset({IDS[6]})})
+    assert writes == {"x": (IDS[4], IDS[5])}
+
+
+@given(node_state(), st.data())
+def test_exchanged_assignments_stay_disjoint(
+    state: tuple[list[PendingPod], list[str], int], data: st.DataObject
+) -> None:
+    pods, _, _ = state
+    if not pods:
+        return
+    victim = data.draw(st.sampled_from(pods))
+    held = {u for p in pods if p.allocated for u in p.uuids}
+    free = [u for u in IDS if u not in held or u in victim.uuids]
+    actual = data.draw(st.permutations(free)).__getitem__(slice(0, len(victim.uuids)))
+    allocated = {p.key: frozenset(p.uuids) for p in pods if p.allocated and p.key != victim.key}
+    writes = exchange(victim.key, actual, pods, allocated=allocated)
+    final = {p.key: set(writes.get(p.key, p.uuids)) for p in pods}
+    # the admitted pod and every pod still pending end up on disjoint devices
+    group = [k for k in final if k not in allocated]
+    assert sum(len(final[k]) for k in group) == len(set().union(*(final[k] for k in group))), final
+    assert all(
+        len(writes[k]) == len(next(p for p in pods if p.key == k).uuids) for k in writes if k != victim.key
+    )

@@ -52,7 +52,7 @@ async def test_registers_and_advertises_every_gpu_by_uuid() -> None:
 async def test_kubelet_restart_is_followed_by_a_new_registration_and_pods_keep_their_devices() -> None:
     async with running_node(gpus=4) as node:
         await node.bind("before", [2, 3])
-        assert await node.admit("before", 2) == (node.uuids[2], node.uuids[3])
+        assert await node.admit("before", 2) == node.ids(2, 3)
         socket = node.ctx.settings.agent.device_plugin_dir / "flexlease-gpu.sock"
 
         calls_before = len(node.kubelet.calls)
@@ -62,13 +62,13 @@ async def test_kubelet_restart_is_followed_by_a_new_registration_and_pods_keep_t
         await node.kubelet.wait_devices(RESOURCE, lambda d: len(d) == 4)
         assert socket.exists()  # served again, and kubelet follows the new ListAndWatch
         assert node.plugin.endpoint is not None and node.plugin.endpoint.registrations == 2
-        assert node.kubelet.allocated("default", "before") == {"main": (node.uuids[2], node.uuids[3])}
+        assert set(node.kubelet.allocated("default", "before")["main"]) == node.ids(2, 3)
         assert not [c for c in node.kubelet.calls[calls_before:] if c.method == "Allocate"]
         assert sample(node, "flexlease_deviceplugin_registrations_total", result="ok") == 2.0
 
         # the re-registered plugin still allocates by assignment
         await node.bind("after", [0, 1])
-        assert await node.admit("after", 2) == (node.uuids[0], node.uuids[1])
+        assert await node.admit("after", 2) == node.ids(0, 1)
 
 
 async def test_list_and_watch_reports_a_failed_gpu_unhealthy_until_it_recovers() -> None:
@@ -87,7 +87,7 @@ async def test_list_and_watch_reports_a_failed_gpu_unhealthy_until_it_recovers()
         await node.advance(70)  # past the 60 s recovery hold-down: healthy again, no restart
         await node.kubelet.wait_devices(RESOURCE, lambda d: d[bad] == "Healthy")
         assert len(node.kubelet.registrations) == 1
-        assert await node.admit("wide", 4) == tuple(node.uuids)
+        assert await node.admit("wide", 4) == frozenset(node.uuids)
 
 
 async def test_pods_bound_in_quick_succession_each_get_exactly_their_assigned_gpus() -> None:
@@ -100,14 +100,14 @@ async def test_pods_bound_in_quick_succession_each_get_exactly_their_assigned_gp
         for name in plan:  # kubelet admits in the order the pods arrive
             got[name] = await node.admit(name, 2)
         for name, indices in plan.items():
-            want = tuple(node.uuids[i] for i in indices)
+            want = node.ids(*indices)
             assert got[name] == want, name
-            assert node.kubelet.allocated("default", name) == {"main": want}
+            assert set(node.kubelet.allocated("default", name)["main"]) == want
 
         # the observed call sequence: GPA(all available, no must-include, size 2) → Allocate → PreStart
         first = node.kubelet.calls[:3]
         assert first[0] == Call("GetPreferredAllocation", available=tuple(sorted(node.uuids)), size=2)
-        assert first[1] == Call("Allocate", devices=got["p0"])
+        assert first[1].method == "Allocate" and set(first[1].devices) == got["p0"]
         assert first[2].method == "PreStartContainer" and set(first[2].devices) == set(got["p0"])
         assert sample(node, "flexlease_deviceplugin_allocations_total", result="matched") == 4.0
         assert sample(node, "flexlease_deviceplugin_allocations_total", result="unmatched") == 0.0
@@ -121,10 +121,8 @@ async def test_pods_bound_in_quick_succession_each_get_exactly_their_assigned_gp
                 channel, rpc.POD_RESOURCES, "GetAllocatableResources", prpb.AllocatableResourcesResponse
             )(prpb.AllocatableResourcesRequest(), timeout=5)
         p0 = next(p for p in listed.pod_resources if p.name == "p0")
-        assert [(d.resource_name, list(d.device_ids)) for d in p0.containers[0].devices] == [
-            (RESOURCE, [got["p0"][0]]),
-            (RESOURCE, [got["p0"][1]]),
-        ]
+        entries = [(d.resource_name, list(d.device_ids)) for d in p0.containers[0].devices]
+        assert sorted(entries) == sorted((RESOURCE, [u]) for u in got["p0"])
         assert sorted(i for d in allocatable.devices for i in d.device_ids) == sorted(node.uuids)
 
         # nothing was mismatched: the read-back agrees
@@ -140,7 +138,7 @@ async def test_one_gpu_pods_bound_back_to_back_and_admitted_at_once() -> None:
         for name, index in zip(names, order, strict=True):
             await node.bind(name, [index])
         results = [await node.admit(name, 1) for name in names]
-        assert results == [(node.uuids[i],) for i in order]
+        assert results == [node.ids(i) for i in order]
 
 
 async def test_allocate_answers_with_the_assigned_uuids_in_assignment_order() -> None:
@@ -161,7 +159,7 @@ async def test_a_forced_mismatch_is_detected_counted_and_written_back() -> None:
         await node.bind("victim", [0, 1])
         # kubelet ignores the preference (e.g. an older kubelet): it takes GPUs 2 and 3
         got = await node.admit("victim", 2, choose=lambda available, n: [node.uuids[2], node.uuids[3]])
-        assert got == (node.uuids[2], node.uuids[3])
+        assert got == node.ids(2, 3)
         assert sample(node, "flexlease_deviceplugin_allocations_total", result="unmatched") == 1.0
 
         reconciler = node.plugin.reconciler
@@ -180,7 +178,7 @@ async def test_a_forced_mismatch_is_detected_counted_and_written_back() -> None:
 
         # once the watch shows the corrected assignment, the next rounds agree and count nothing
         for _ in range(200):
-            if node.plugin.book is not None and node.plugin.book.uuids("default/victim") == got:
+            if node.plugin.book is not None and set(node.plugin.book.uuids("default/victim") or ()) == got:
                 break
             await asyncio.sleep(0.005)
         assert await reconciler.reconcile() == []
@@ -204,14 +202,14 @@ async def test_a_pod_holding_gpus_without_an_assignment_gets_one_written() -> No
         (mismatch,) = await node.plugin.reconciler.reconcile()
         assert mismatch.assigned == frozenset()
         pod = await node.store.get(Kind.POD, "stray", namespace="default")
-        index = node.uuids.index(got[0])
+        index = node.uuids.index(next(iter(got)))
         assert pod["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == f"{NODE}:{index}"
 
 
 async def test_after_an_agent_restart_allocated_pods_are_not_pending() -> None:
     async with running_node(gpus=4, device_plugin_match_wait_seconds=0.0) as node:
         await node.bind("old", [0, 1])
-        assert await node.admit("old", 2) == (node.uuids[0], node.uuids[1])
+        assert await node.admit("old", 2) == node.ids(0, 1)
         # the agent restarts: a fresh component reads PodResources before registering
         node.stop.set()
         await asyncio.wait_for(node.task, 10)
@@ -225,8 +223,8 @@ async def test_after_an_agent_restart_allocated_pods_are_not_pending() -> None:
             await node.kubelet.wait_registered(RESOURCE, registrations=2)
             assert plugin.book is not None
             assert plugin.book.pending()[0].allocated == {node.uuids[0], node.uuids[1]}
-            await node.bind("new", [2, 3])
-            assert await node.admit("new", 2) == (node.uuids[2], node.uuids[3])
+            await node.bind("new", [3])
+            assert await node.admit("new", 1) == node.ids(3)
             assert (
                 ctx.registry.get_sample_value(
                     "flexlease_deviceplugin_preferred_total", {"node": NODE, "match": "unique"}
@@ -241,6 +239,44 @@ async def test_after_an_agent_restart_allocated_pods_are_not_pending() -> None:
 async def test_gpu_ids_are_shuffled_by_kubelet_in_prestart_and_still_accepted() -> None:
     async with running_node(gpus=4) as node:
         await node.bind("p", [1, 2])
-        assert await node.admit("p", 2) == (node.uuids[1], node.uuids[2])
+        assert await node.admit("p", 2) == node.ids(1, 2)
         pre = [c for c in node.kubelet.calls if c.method == "PreStartContainer"]
-        assert pre[0].devices == (node.uuids[2], node.uuids[1])
+        allocate = next(c for c in node.kubelet.calls if c.method == "Allocate")
+        assert pre[0].devices == tuple(reversed(allocate.devices)) and set(pre[0].devices) == node.ids(1, 2)
+
+
+async def test_pods_admitted_in_another_order_than_bound_still_get_their_gpus() -> None:
+    async with running_node(gpus=8) as node:
+        plan = {"a": [6, 7], "b": [2, 5], "c": [0, 3], "d": [1, 4]}
+        for name, indices in plan.items():
+            await node.bind(name, indices)
+        for name in reversed(plan):  # kubelet's order is its own (e.g. one batch by creation time)
+            assert await node.admit(name, 2) == node.ids(*plan[name]), name
+        assert sample(node, "flexlease_deviceplugin_preferred_total", match="admitting") == 3.0
+        assert node.plugin.reconciler is not None
+        assert await node.plugin.reconciler.reconcile() == []
+
+
+async def test_kubelet_admitting_another_pod_than_guessed_exchanges_the_assignments() -> None:
+    async with running_node(gpus=4, device_plugin_match_wait_seconds=0.05) as node:
+        await node.bind("x", [0, 1])
+        await node.bind("y", [2, 3])
+        # kubelet gives x the GPUs assigned to y, which is still waiting for admission
+        got = await node.admit("x", 2, choose=lambda available, n: [node.uuids[2], node.uuids[3]])
+        assert got == node.ids(2, 3)
+        assert node.plugin.reconciler is not None and node.plugin.book is not None
+        (mismatch,) = await node.plugin.reconciler.reconcile()
+        assert mismatch.key == "default/x"
+        x = (await node.store.get(Kind.POD, "x", namespace="default"))["metadata"]["annotations"]
+        y = (await node.store.get(Kind.POD, "y", namespace="default"))["metadata"]["annotations"]
+        assert (x[keys.ANN_ASSIGNED_GPUS], y[keys.ANN_ASSIGNED_GPUS]) == (f"{NODE}:2,3", f"{NODE}:0,1")
+        assert json.loads(y[keys.ANN_ASSIGNMENT_CORRECTED])["cause"] == "default/x"
+        assert sample(node, "flexlease_deviceplugin_writebacks_total", result="ok") == 2.0
+        book = node.plugin.book
+        for _ in range(200):
+            if book.uuids("default/y") == node.ids(0, 1):
+                break
+            await asyncio.sleep(0.005)
+        # y is admitted onto its (exchanged) assignment and everything agrees
+        assert await node.admit("y", 2) == node.ids(0, 1)
+        assert await node.plugin.reconciler.reconcile() == []
