@@ -155,8 +155,10 @@ class PodResourcesReconciler:
         self._check_allocatable(allocatable)
         found: list[Mismatch] = []
         for key, ids in sorted(actual.items()):
-            assigned = self._book.uuids(key) or ()
-            mismatch = compare(key, assigned, ids)
+            assigned = self._book.uuids(key)
+            if assigned is None and not await self._unassigned_holder(key):
+                continue
+            mismatch = compare(key, assigned or (), ids)
             if mismatch is None:
                 continue
             found.append(mismatch)
@@ -177,6 +179,19 @@ class PodResourcesReconciler:
                 await self._write_back(pod, devices, cause=key)
         self.rounds += 1
         return found
+
+    async def _unassigned_holder(self, key: str) -> bool:
+        """Whether pod ``key``, listed by kubelet with devices but unknown to the pod book, is
+        a live pod on this node without an assignment (kubelet still lists pods that were
+        deleted or have terminated for a while; those are no mismatch)."""
+        namespace, _, name = key.partition("/")
+        try:
+            pod = await self._store.get(Kind.POD, name, namespace=namespace)
+        except errors.NotFound:
+            return False
+        if (pod.get("spec") or {}).get("nodeName") != self.node or is_terminated(pod):
+            return False
+        return salvage_assignment(pod) is None
 
     def _check_allocatable(self, allocatable: tuple[str, ...]) -> None:
         self._metrics.kubelet_allocatable.labels(node=self.node).set(len(allocatable))

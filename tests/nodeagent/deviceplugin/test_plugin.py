@@ -280,3 +280,18 @@ async def test_kubelet_admitting_another_pod_than_guessed_exchanges_the_assignme
         # y is admitted onto its (exchanged) assignment and everything agrees
         assert await node.admit("y", 2) == node.ids(0, 1)
         assert await node.plugin.reconciler.reconcile() == []
+
+
+async def test_pods_kubelet_still_lists_after_their_deletion_are_no_mismatch() -> None:
+    async with running_node(gpus=2) as node:
+        await node.bind("gone", [1])
+        assert await node.admit("gone", 1) == node.ids(1)
+        await node.store.delete(Kind.POD, "gone", namespace="default")
+        assert node.plugin.reconciler is not None and node.plugin.book is not None
+        for _ in range(200):
+            if node.plugin.book.uuids("default/gone") is None:
+                break
+            await asyncio.sleep(0.005)
+        # kubelet has not torn the pod down yet: it still lists it with its GPU
+        assert await node.plugin.reconciler.reconcile() == []
+        assert sample(node, "flexlease_deviceplugin_mismatches_total") == 0.0
