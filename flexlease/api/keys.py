@@ -34,6 +34,11 @@ local demo, the tests, the benches). Only such sandboxes may be hot-restarted wi
 ``direct`` strategy; a sandbox or container carrying kubelet's own marks is kubelet's
 (``nodeagent.hotrestart.kubelet.kubelet_managed``)."""
 
+# Node labels
+LABEL_NODE_DEVICE_PLUGIN: Final = PREFIX + "device-plugin"
+"""``"true"`` on GPU nodes whose ``nvidia.com/gpu`` flexlease's device plugin serves instead of
+NVIDIA's: the agent DaemonSet's node selector (README, "Migrating from NVIDIA's device plugin")."""
+
 # Pod annotations
 ANN_RELIABILITY: Final = PREFIX + "reliability"
 """Required minimum tier ``HA``/``MA``/``LA`` (default ``LA``)."""

@@ -10,7 +10,8 @@ kubelet's ``v1.PodResourcesLister``:
 * ``List``: per pod, the device IDs of the managed resource over all containers (kubelet sends
   one ``ContainerDevices`` entry per device; they are merged). Each pod's set is recorded as its
   allocation and compared with its assignment. A mismatch (or a pod holding GPUs with no
-  assignment at all) is counted once, logged with both sets, and written back: the pod's
+  assignment at all) seen in two rounds in a row is counted once, logged with both sets, and
+  written back: the pod's
   ``assigned-gpus``/``assigned-uuids`` are set to what it holds, and pods still waiting for
   admission whose assignments held those devices get the ones it left free instead
   (:func:`~nodeagent.deviceplugin.matching.exchange`), so assignments stay disjoint;
@@ -80,6 +81,7 @@ class PodResourcesReconciler:
         self._now = now
         self.node = board.node
         self._counted: set[tuple[str, frozenset[str]]] = set()
+        self._suspects: dict[str, frozenset[str]] = {}
         self.rounds = 0
         """Completed reconcile rounds (kubelet answered)."""
 
@@ -146,22 +148,33 @@ class PodResourcesReconciler:
         return pods, alloc
 
     async def reconcile(self) -> list[Mismatch]:
-        """One round; returns the mismatches seen (written back or not). Raises
-        ``grpc.aio.AioRpcError`` when kubelet does not answer and ``StoreError`` when a write
-        fails for another reason than a conflict."""
+        """One round; returns the mismatches seen. A mismatch is counted, logged and written
+        back when the previous round saw the same one: kubelet's ``List`` names pods, not UIDs,
+        and can briefly show a deleted pod under the name of its successor. A pod holding part
+        of its assignment is being admitted, not mismatched. Raises ``grpc.aio.AioRpcError``
+        when kubelet does not answer and ``StoreError`` when a write fails for another reason
+        than a conflict."""
         actual, allocatable = await self.read()
         allocated = {k: frozenset(v) for k, v in actual.items()}
         self._book.set_allocated(allocated)
         self._check_allocatable(allocatable)
         found: list[Mismatch] = []
+        previous, self._suspects = self._suspects, {}
         for key, ids in sorted(actual.items()):
             assigned = self._book.uuids(key)
             if assigned is None and not await self._unassigned_holder(key):
                 continue
             mismatch = compare(key, assigned or (), ids)
-            if mismatch is None:
+            if mismatch is None or mismatch.actual < mismatch.assigned:
                 continue
             found.append(mismatch)
+            self._suspects[key] = mismatch.actual
+            if previous.get(key) != mismatch.actual:
+                log.info(
+                    "kubelet's devices for a pod differ from its assignment; checking again next round",
+                    extra=ctx(node=self.node, pod=key, actual=sorted(mismatch.actual)),
+                )
+                continue
             mark = (key, mismatch.actual)
             if mark not in self._counted:
                 self._counted.add(mark)

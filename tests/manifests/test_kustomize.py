@@ -17,6 +17,8 @@ import yaml
 from kubernetes_validate.utils import SchemaNotFoundError
 
 from flexlease import config
+from flexlease.api import keys
+from flexlease.config import AgentSettings
 from tests.manifests.render import (
     MANIFESTS,
     NAMESPACE,
@@ -309,6 +311,14 @@ def test_the_extender_configuration_loads_and_matches_the_deployment(tmp_path: P
 
 def test_agents_run_on_gpu_nodes_only() -> None:
     spec = pod_spec(base(), "DaemonSet", "flexlease-agent")
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # GPU nodes moved off NVIDIA's device plugin: the agent's plugin serves nvidia.com/gpu there
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true", keys.LABEL_NODE_DEVICE_PLUGIN: "true"}
+    # the kubelet sockets the device plugin and the PodResources read-back use
+    settings = AgentSettings()
+    (container,) = spec["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
+    for path in (settings.device_plugin_dir, settings.pod_resources_socket.parent):
+        assert volumes[mounts[str(path)]] == str(path)
     env = {e["name"]: e for e in spec["containers"][0]["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}

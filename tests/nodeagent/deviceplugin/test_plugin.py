@@ -164,7 +164,10 @@ async def test_a_forced_mismatch_is_detected_counted_and_written_back() -> None:
 
         reconciler = node.plugin.reconciler
         assert reconciler is not None
+        (suspect,) = await reconciler.reconcile()  # seen once: checked again next round
+        assert sample(node, "flexlease_deviceplugin_mismatches_total") == 0.0
         (mismatch,) = await reconciler.reconcile()
+        assert mismatch == suspect
         assert mismatch.key == "default/victim"
         assert mismatch.assigned == {node.uuids[0], node.uuids[1]}
         assert mismatch.actual == {node.uuids[2], node.uuids[3]}
@@ -199,6 +202,7 @@ async def test_a_pod_holding_gpus_without_an_assignment_gets_one_written() -> No
         )
         got = await node.admit("stray", 1)
         assert node.plugin.reconciler is not None
+        await node.plugin.reconciler.reconcile()
         (mismatch,) = await node.plugin.reconciler.reconcile()
         assert mismatch.assigned == frozenset()
         pod = await node.store.get(Kind.POD, "stray", namespace="default")
@@ -265,6 +269,7 @@ async def test_kubelet_admitting_another_pod_than_guessed_exchanges_the_assignme
         got = await node.admit("x", 2, choose=lambda available, n: [node.uuids[2], node.uuids[3]])
         assert got == node.ids(2, 3)
         assert node.plugin.reconciler is not None and node.plugin.book is not None
+        await node.plugin.reconciler.reconcile()
         (mismatch,) = await node.plugin.reconciler.reconcile()
         assert mismatch.key == "default/x"
         x = (await node.store.get(Kind.POD, "x", namespace="default"))["metadata"]["annotations"]
