@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -42,6 +42,8 @@ from nodeagent.deviceplugin.response import container_response
 from nodeagent.health.board import NodeBoard
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -99,7 +101,7 @@ class DevicePluginService:
     def _minors(self) -> dict[str, int | None]:
         return {ident.uuid: ident.minor_number for ident in self._board.devices.values()}
 
-    async def _until(self, found: Any, compute: Any) -> Any:
+    async def _until(self, found: Callable[[_T], bool], compute: Callable[[], _T]) -> _T:
         """``compute()`` until ``found(result)`` or the match wait is over (then the last)."""
         deadline = time.monotonic() + self._settings.device_plugin_match_wait_seconds
         while True:
@@ -159,7 +161,7 @@ class DevicePluginService:
             ) -> Preference:
                 return prefer(self._book.pending(), available, must, size)
 
-            pref: Preference = await self._until(lambda p: p.kind is not PreferenceKind.NONE, compute)
+            pref = await self._until(lambda p: p.kind is not PreferenceKind.NONE, compute)
             if pref.kind is PreferenceKind.ORDERED and self._listed is not None:
                 listed = await self._listed()
                 if listed is not None:
@@ -200,7 +202,7 @@ class DevicePluginService:
             def compute(ids: list[str] = ids) -> PendingPod | None:
                 return allocated_pod(self._book.pending(), ids)
 
-            pod: PendingPod | None = await self._until(lambda p: p is not None, compute)
+            pod = await self._until(lambda p: p is not None, compute)
             if pod is not None:
                 self._book.record_allocation(pod.key, ids)
                 ordered = [u for u in pod.uuids if u in set(ids)]
