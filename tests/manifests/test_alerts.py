@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flexlease.clock import ManualClock
 from flexlease.store.memory import MemoryStore
+from nodeagent.deviceplugin.metrics import DevicePluginMetrics
 from nodeagent.health.backend import DeviceSample
 from tests.nodeagent.health.kit import START, make_context, make_settings, node_config
 
@@ -31,6 +32,8 @@ ALERT_NAMES = {
     "FlexleaseAgentDown",
     "FlexleaseAgentHeartbeatStale",
     "FlexleaseNVMLInitFailure",
+    "FlexleaseDevicePluginNotRegistered",
+    "FlexleaseGPUAssignmentMismatch",
 }
 
 
@@ -94,6 +97,7 @@ async def test_rules_use_only_metrics_the_agent_exposes(tmp_path: Path) -> None:
     ctx.board.retier(clock.now())
     ctx.metrics.xid(gpu=0, uuid=ctx.board.devices[0].uuid, model="NVIDIA H20", xid=79)
     ctx.metrics.heartbeat.labels(node=ctx.node).set(clock.now())
+    DevicePluginMetrics(ctx.registry, ctx.node)  # registered by the deviceplugin component
     exposed = {
         s.name
         for f in text_string_to_metric_families(generate_latest(ctx.registry).decode())
