@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from flexlease.api import keys
+from flexlease.clock import ManualClock
 from flexlease.sim import objects
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
 from nodeagent import agent
 from nodeagent.agent import AgentContext
 from nodeagent.deviceplugin.component import DevicePluginComponent
-from nodeagent.health.clock import ManualClock
 from nodeagent.health.simulated import SimulatedBackend
 from nodeagent.health.watch import HealthWatch
 from standins.kubelet_devices import DeviceKubelet
