@@ -7,17 +7,19 @@ Run by ``tests/manifests/test_incluster.py`` as root inside fresh mount and netw
 
 ``WORK/pod.json`` (written by the test from ``kubectl kustomize manifests/``) holds the
 extender container's ``args``, the generated ConfigMap's file and mount path, and the TLS
-Secret's mount path; ``WORK/certs`` is ``hack/make-certs.sh``'s output. This script plays the
-kubelet and the cluster:
+Secret's mount path; ``WORK/certs`` is ``hack/make-certs.sh``'s output (``WORK/other-certs``
+another run of it: a foreign CA). This script plays the kubelet and the cluster:
 
 * an API server (the stand-in ``FakeApiServer``) over HTTPS with a ServiceAccount token, at
   ``KUBERNETES_SERVICE_HOST``/``KUBERNETES_SERVICE_PORT`` as kubelet sets them;
 * the pod's files: an overlay over ``/etc`` holding the ConfigMap and the Secret
   ``flexlease-extender-tls`` at their mount paths, and the projected ServiceAccount token,
   CA and namespace under ``/var/run/secrets/kubernetes.io/serviceaccount``;
-* ``python -m extender.main`` with the container's args, then kube-scheduler: HTTPS calls
-  with the scheduler's client certificate (Secret ``flexlease-scheduler-tls``), checking the
-  extender's certificate for ``flexlease-extender.flexlease-system.svc`` against ``ca.crt``.
+* ``python -m extender.main`` with the container's args; kubelet's readiness probe on the
+  container's ``metrics`` port (plain HTTP, as the probe is declared), then kube-scheduler:
+  HTTPS calls with the scheduler's client certificate (Secret ``flexlease-scheduler-tls``),
+  checking the extender's certificate for ``flexlease-extender.flexlease-system.svc`` against
+  ``ca.crt``; then callers without a certificate and with one from a foreign CA.
 
 It prints one JSON object: readiness, the filter answer, the leader Lease, the API calls the
 extender made (group, resource, verb) and its exit status after SIGTERM.
@@ -108,11 +110,14 @@ def install_pod_files(pod: dict[str, Any], work: Path, api_port: int) -> None:
     del api_port
 
 
-def scheduler_tls(work: Path) -> ssl.SSLContext:
-    """kube-scheduler's side of the extender stanza's tlsConfig."""
-    certs = work / "certs" / "scheduler"
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=certs / "ca.crt")
-    context.load_cert_chain(certs / "tls.crt", certs / "tls.key")
+def scheduler_tls(work: Path, pki: str = "certs") -> ssl.SSLContext:
+    """kube-scheduler's side of the extender stanza's tlsConfig (trusting the real CA, with the
+    client certificate of ``pki``)."""
+    context = ssl.create_default_context(
+        ssl.Purpose.SERVER_AUTH, cafile=work / "certs" / "scheduler" / "ca.crt"
+    )
+    client = work / pki / "scheduler"
+    context.load_cert_chain(client / "tls.crt", client / "tls.key")
     return context
 
 
@@ -149,7 +154,7 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, proc: asyncio.sub
         if proc.returncode is not None:
             return False
         with contextlib.suppress(aiohttp.ClientError, OSError):
-            async with session.get(f"{url}/readyz", server_hostname=SERVICE) as resp:
+            async with session.get(f"{url}/readyz") as resp:
                 if resp.status == 200:
                     return True
         await asyncio.sleep(0.1)
@@ -190,20 +195,23 @@ async def main(work: Path) -> dict[str, Any]:
         try:
             connector = aiohttp.TCPConnector(ssl=scheduler_tls(work))
             async with aiohttp.ClientSession(connector=connector) as session:
-                result["ready"] = await wait_ready(session, url, proc)
+                probe = f"http://127.0.0.1:{pod['metrics_port']}"  # kubelet: httpGet, no TLS
+                result["ready"] = await wait_ready(session, probe, proc)
                 if result["ready"]:
                     args = {"Pod": gpu_pod(), "Nodes": None, "NodeNames": [NODE, "cpu-1"]}
                     async with session.post(f"{url}/filter", json=args, server_hostname=SERVICE) as resp:
                         result["filter_status"] = resp.status
                         result["filter"] = await resp.json()
-            # A caller without the scheduler's certificate (only the CA, to trust the server).
+            # Callers without the scheduler's certificate (trusting the server's CA), and with a
+            # certificate from a foreign CA.
             plain = ssl.create_default_context(cafile=work / "certs" / "scheduler" / "ca.crt")
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=plain)) as session:
-                try:
-                    async with session.get(f"{url}/readyz", server_hostname=SERVICE) as resp:
-                        result["anonymous"] = resp.status
-                except (aiohttp.ClientError, OSError) as exc:
-                    result["anonymous"] = f"refused: {type(exc).__name__}"
+            for who, context in (("anonymous", plain), ("other_ca", scheduler_tls(work, "other-certs"))):
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+                    try:
+                        async with session.post(f"{url}/filter", json={}, server_hostname=SERVICE) as resp:
+                            result[who] = resp.status
+                    except (aiohttp.ClientError, OSError) as exc:
+                        result[who] = f"refused: {type(exc).__name__}"
             for _ in range(100):
                 lease = api.lookup("Lease", "flexlease-extender", "flexlease-system")
                 if lease is not None:

@@ -2,7 +2,8 @@
 the container's args, the TLS Secret from ``hack/make-certs.sh``, in-cluster ServiceAccount
 credentials — against the stand-in API server, in private mount and network namespaces
 (``tests/manifests/incluster.py``). It must become ready, answer kube-scheduler's filter over
-HTTPS, win its leader Lease, and call the API only within its RBAC grants."""
+HTTPS to the scheduler's certificate and to no other caller, win its leader Lease, and call
+the API only within its RBAC grants."""
 
 from __future__ import annotations
 
@@ -24,26 +25,28 @@ from tests.manifests.test_rbac import ACCOUNTS, granted
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert os.geteuid() == 0, "runs as root (mount and network namespaces), as hack/test.sh does"
     work = tmp_path_factory.mktemp("incluster")
-    made = subprocess.run(
-        ["bash", str(ROOT / "hack" / "make-certs.sh"), str(work / "certs")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert made.returncode == 0, made.stderr
+    for pki in ("certs", "other-certs"):
+        made = subprocess.run(
+            ["bash", str(ROOT / "hack" / "make-certs.sh"), str(work / pki)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert made.returncode == 0, made.stderr
     objs = base()
     spec = pod_spec(objs, "Deployment", "flexlease-extender")
     (container,) = spec["containers"]
     key, text = configmap_file(objs, spec, "config")
-    (https,) = [p for p in container["ports"] if p["name"] == "https"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     pod = {
         "args": container["args"],
         "config_mount": str(mount_path(container, "config")),
         "config_key": key,
         "config_text": text,
         "tls_mount": str(mount_path(container, "tls")),
-        "port": https["containerPort"],
+        "port": ports["https"],
+        "metrics_port": ports["metrics"],
     }
     (work / "pod.json").write_text(json.dumps(pod))
     done = subprocess.run(
@@ -67,11 +70,11 @@ def test_it_answers_kube_scheduler_over_https(run: dict[str, Any]) -> None:
     assert set(run["filter"]["FailedAndUnresolvableNodes"]) == {"cpu-1"}  # no GPUNode there
 
 
-def test_only_the_scheduler_certificate_gets_in_when_a_client_ca_is_configured(run: dict[str, Any]) -> None:
-    if run["config"]["extender"].get("tls_client_ca_file"):
-        assert str(run["anonymous"]).startswith("refused"), run["anonymous"]
-    else:  # server-side TLS only: anyone reaching the port is served (NetworkPolicy limits who can)
-        assert run["anonymous"] == 200
+def test_only_the_scheduler_certificate_gets_in(run: dict[str, Any]) -> None:
+    """Mutual TLS: no client certificate, or one from another CA, fails the handshake."""
+    assert run["config"]["extender"]["tls_client_ca_file"]
+    assert str(run["anonymous"]).startswith("refused"), run["anonymous"]
+    assert str(run["other_ca"]).startswith("refused"), run["other_ca"]
 
 
 def test_it_leads_with_its_pod_name_and_stops_cleanly(run: dict[str, Any]) -> None:

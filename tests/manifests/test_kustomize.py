@@ -187,12 +187,16 @@ def test_services_and_network_policies_select_the_pods_and_ports() -> None:
 
     ext_policy = find(objs, "NetworkPolicy", "flexlease-extender", NAMESPACE)["spec"]
     assert ext_policy["podSelector"]["matchLabels"].items() <= extender["metadata"]["labels"].items()
-    (rule,) = ext_policy["ingress"]
-    (peer,) = rule["from"]
+    serving, scraping = ext_policy["ingress"]
+    (peer,) = serving["from"]
     assert set(peer) == {"podSelector"}, "only pods of this namespace, no namespaceSelector"
     assert peer["podSelector"]["matchLabels"].items() <= scheduler["metadata"]["labels"].items()
     assert not peer["podSelector"]["matchLabels"].items() <= extender["metadata"]["labels"].items()
-    assert [p["port"] for p in rule["ports"]] == [svc_port["port"]]
+    assert [p["port"] for p in serving["ports"]] == [svc_port["port"]] == [ports["https"]]
+    assert scraping["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert [p["port"] for p in scraping["ports"]] == [ports["metrics"]]
 
     agent_policy = find(objs, "NetworkPolicy", "flexlease-agent", NAMESPACE)["spec"]
     assert agent_policy["podSelector"]["matchLabels"].items() <= agent["metadata"]["labels"].items()
@@ -295,10 +299,23 @@ def test_the_extender_configuration_loads_and_matches_the_deployment(tmp_path: P
     (container,) = spec["containers"]
     assert settings.store.kind == "kube"
     assert settings.extender.host == "0.0.0.0"
-    assert {p["containerPort"] for p in container["ports"]} >= {settings.extender.port}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"https": settings.extender.port, "metrics": settings.extender.metrics_port}
+    # Kubelet presents no client certificate: probes go to the plain read-only listener.
+    for probe in (container["readinessProbe"], container["livenessProbe"]):
+        assert probe["httpGet"]["port"] == "metrics" and "scheme" not in probe["httpGet"]
     tls_dir = mount_path(container, "tls")
-    assert settings.extender.tls_cert_file == tls_dir / "tls.crt"
-    assert settings.extender.tls_key_file == tls_dir / "tls.key"
+    ext = settings.extender
+    assert (ext.tls_cert_file, ext.tls_key_file, ext.tls_client_ca_file) == (
+        tls_dir / "tls.crt",
+        tls_dir / "tls.key",
+        tls_dir / "ca.crt",
+    )
+    assert ext.insecure_http is False
+    # Only the bundled scheduler: its client certificate's CN and its profile name.
+    scheduler_cfg, _ = scheduler_config(objs)
+    assert ext.tls_client_names == ("flexlease-scheduler",)
+    assert set(ext.scheduler_names) == {p["schedulerName"] for p in scheduler_cfg["profiles"]}
     (tls,) = [v for v in spec["volumes"] if v["name"] == "tls"]
     assert tls["secret"]["secretName"] == "flexlease-extender-tls"
     # Leader election on a Lease the extender's Role names.
@@ -322,3 +339,26 @@ def test_agents_run_on_gpu_nodes_only() -> None:
         assert volumes[mounts[str(path)]] == str(path)
     env = {e["name"]: e for e in spec["containers"][0]["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_pod_monitors_scrape_ports_the_network_policies_open_to_monitoring() -> None:
+    objs = render(OVERLAYS["overlays/prometheus-operator"])
+    monitors = [o for o in objs if o["kind"] == "PodMonitor"]
+    assert {m["metadata"]["name"] for m in monitors} == {"flexlease-agent", "flexlease-extender"}
+    workloads = [o for o in objs if o["kind"] in {"Deployment", "DaemonSet"}]
+    for monitor in monitors:
+        (workload,) = [
+            w
+            for w in workloads
+            if monitor["spec"]["selector"]["matchLabels"].items()
+            <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        policy = find(objs, "NetworkPolicy", workload["metadata"]["name"], NAMESPACE)["spec"]
+        monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        opened = {
+            p["port"] for rule in policy["ingress"] if monitoring in rule["from"] for p in rule["ports"]
+        }
+        assert ports[endpoint["port"]] in opened
