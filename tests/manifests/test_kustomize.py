@@ -362,3 +362,15 @@ def test_pod_monitors_scrape_ports_the_network_policies_open_to_monitoring() -> 
             p["port"] for rule in policy["ingress"] if monitoring in rule["from"] for p in rule["ports"]
         }
         assert ports[endpoint["port"]] in opened
+
+
+def test_scrape_annotations_name_the_metrics_ports() -> None:
+    """For Prometheus without the operator (kubernetes_sd pod role and these annotations)."""
+    objs = base()
+    for kind, name in (("Deployment", "flexlease-extender"), ("DaemonSet", "flexlease-agent")):
+        template = find(objs, kind, name, NAMESPACE)["spec"]["template"]
+        (container,) = template["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        annotations = template["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert int(annotations["prometheus.io/port"]) == ports["metrics"]
