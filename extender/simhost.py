@@ -51,9 +51,25 @@ class HostedExtender:
 
     @property
     def quiet(self) -> bool:
-        """True when no store change is undelivered and the controller has nothing to do."""
+        """True when no store change is undelivered and the controller has nothing to do (or,
+        paused, nothing under way)."""
         controller = self._controller()
-        return self._store.idle and (controller is None or controller.idle)
+        return self._store.idle and (controller is None or controller.settled)
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """Hold the lease controller for the body (a scheduling round): it takes no key until
+        the body ends, so its reconciles fall between rounds at well-defined points. The
+        extender's watches and HTTP verbs keep running."""
+        controller = self._controller()
+        if controller is None:
+            yield
+            return
+        controller.pause()
+        try:
+            yield
+        finally:
+            controller.resume()
 
     async def settle(self) -> int:
         """Yield to the event loop until :attr:`quiet` holds for :data:`SETTLE_QUIET_ROUNDS`

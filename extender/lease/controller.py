@@ -125,6 +125,8 @@ class LeaseController:
         self._leases = Mirror(store, Kind.GPULEASE, on_change=self._lease_changed)
         self._nodes = Mirror(store, Kind.GPUNODE, on_change=self._world_changed)
         self._pods = Mirror(store, Kind.POD, on_change=self._pod_changed)
+        self._resumed = asyncio.Event()
+        self._resumed.set()
         self._blocked: dict[str, dict[str, str]] = {}
         """lease key → pod key → message of the last PodDisruptionBudget refusal."""
         self._parsed_nodes: dict[str, tuple[str, GPUNode | None]] = {}
@@ -143,6 +145,28 @@ class LeaseController:
         """No key ready or being reconciled (a simulation steps time only when this holds
         and the store's watches have delivered everything)."""
         return self._queue.idle
+
+    @property
+    def settled(self) -> bool:
+        """:attr:`idle`, or paused with no reconcile under way (keys may wait for
+        :meth:`resume`)."""
+        return self._queue.idle or (self.paused and self._queue.active == 0)
+
+    @property
+    def paused(self) -> bool:
+        """True between :meth:`pause` and :meth:`resume`."""
+        return not self._resumed.is_set()
+
+    def pause(self) -> None:
+        """Take no new key until :meth:`resume` (keys keep queueing; a reconcile under way
+        finishes). The simulator pauses the controller for a scheduling round, so that its
+        reconciles fall between rounds instead of between HTTP calls at timing-dependent
+        points."""
+        self._resumed.clear()
+
+    def resume(self) -> None:
+        """Take keys again."""
+        self._resumed.set()
 
     async def run(self) -> None:
         """Watch and reconcile until cancelled (named tasks in one TaskGroup)."""
@@ -163,7 +187,12 @@ class LeaseController:
 
     async def _work(self) -> None:
         while True:
+            await self._resumed.wait()
             key = await self._queue.get()
+            if not self._resumed.is_set():  # paused while waiting for a key
+                self._queue.add(key)
+                self._queue.done(key)
+                continue
             try:
                 delay = await self.reconcile(key)
             except asyncio.CancelledError:

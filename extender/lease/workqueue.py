@@ -39,6 +39,11 @@ class WorkQueue:
         return len(self._ready)
 
     @property
+    def active(self) -> int:
+        """Keys being reconciled now."""
+        return len(self._active)
+
+    @property
     def idle(self) -> bool:
         """No key is ready or being reconciled (delayed keys may still be waiting)."""
         return not self._ready and not self._active

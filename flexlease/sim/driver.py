@@ -204,14 +204,21 @@ class Invariants:
 
 
 class ExtenderHost:
-    """What the simulation needs from the hosted extender (``extender.simhost``): its URL and
-    a way to wait until it is quiescent. ``settle`` returns once every store change has been
-    delivered to the extender and its lease controller has nothing left to do at this
-    instant."""
+    """What the simulation needs from the hosted extender (``extender.simhost``): its URL, a
+    way to wait until it is quiescent, and a way to hold its lease controller. ``settle``
+    returns once every store change has been delivered to the extender and its lease
+    controller has nothing left to do at this instant (while held: nothing under way);
+    ``paused()`` is an async context manager holding the controller for its body."""
 
-    def __init__(self, url: str, settle: Callable[[], Awaitable[object]]) -> None:
+    def __init__(
+        self,
+        url: str,
+        settle: Callable[[], Awaitable[object]],
+        paused: Callable[[], contextlib.AbstractAsyncContextManager[None]],
+    ) -> None:
         self.url = url
         self.settle = settle
+        self.paused = paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,6 +474,14 @@ class Simulation:
     # ------------------------------------------------------------------ scheduling
 
     async def _schedule_round(self, t: float, *, only_high: bool = False) -> None:
+        """One scheduling round (:meth:`_schedule_pending`) with the lease controller held:
+        its reconciles (tag releases, standby moves, reclaims) run once the round is over,
+        not between HTTP calls at points that depend on timing."""
+        async with self.host.paused():
+            await self._schedule_pending(t, only_high=only_high)
+        await self.settle()
+
+    async def _schedule_pending(self, t: float, *, only_high: bool = False) -> None:
         """One pass over the pending pods (``only_high``: the job's only), high priority first,
         then oldest; an LP job's pods are tried together as a gang (:meth:`_schedule_gang`).
         Within a round no capacity is freed, so after an LP gang of k GPUs does not fit,
@@ -845,7 +860,7 @@ class Simulation:
                 with contextlib.suppress(NotFound):
                     obj = await self.store.get(Kind.GPULEASE, self.reclaim_name, namespace=JOB_NAMESPACE)
                     self.reclaim_status = obj.get("status") or {}
-            self._account_cycle(self.cycles[-1])
+            self._account_cycle(self.cycles[-1], final=True)
         to_release = tide.released_count(self.s.job_gpus)
         bound = sorted(
             (p for p in self._job_pods() if p.node), key=lambda p: (p.created, p.seq), reverse=True
@@ -984,7 +999,7 @@ class Simulation:
         if cycle is not None:
             cycle.reclaim_phase = phase
             cycle.reclaim_s = t - self.reclaim_started
-            self._account_cycle(cycle)
+            self._account_cycle(cycle, final=True)
             if phase != LeasePhase.DONE.value:
                 cycle.notes.append(f"Reclaim ended {phase}: {status.get('message', '')}")
         self.reclaim_started = None  # closed: the pods bound from here on are accounted
@@ -1045,12 +1060,17 @@ class Simulation:
         self.stats.job_interruption_s += cost
         log.debug("job restart", extra=ctx(t=t, reason=reason, seconds=cost))
 
-    def _account_cycle(self, cycle: metrics.Cycle) -> None:
+    def _account_cycle(self, cycle: metrics.Cycle, *, final: bool = False) -> None:
         """Count, for the cycle, the released GPUs the job holds again and, with
         right-of-return, each lent GPU as exactly one of: held again (same device),
         supplemented (the job holds the standby replacement named in the Reclaim status) or
         missing. The three are counted one by one; a sum that is not the lent count is an
-        :class:`Invariants` violation."""
+        :class:`Invariants` violation. ``final``: the count stands (the Reclaim finished, or
+        the job is restored); later calls change nothing, so a GPU that fails after it came
+        back does not turn into a missing one."""
+        if cycle.final:
+            return
+        cycle.final = final
         held = set(self._job_devices())
         cycle.same_devices_back = sum(1 for d in self.released if d in held)
         cycle.accounted = True
@@ -1091,7 +1111,7 @@ class Simulation:
         restored = sum(len(p.devices) for p in self._job_pods()) >= self.s.job_gpus
         if c.up_at is not None and c.restored_at is None and restored:
             c.restored_at = t
-            self._account_cycle(c)
+            self._account_cycle(c, final=True)
 
     # ------------------------------------------------------------------ metrics
 
@@ -1218,7 +1238,7 @@ class Simulation:
                     )
             last = self.cycles[-1] if self.cycles else None
             if last is not None and last.up_at is not None and last.restored_at is None:
-                self._account_cycle(last)  # a scale-up still being restored at the end
+                self._account_cycle(last, final=True)  # a scale-up still being restored at the end
         except StoreError as exc:
             raise SimulationError(f"store failed: {exc}") from exc
         finally:

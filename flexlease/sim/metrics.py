@@ -71,6 +71,7 @@ class Cycle:
     reclaim_s: float | None = None
     accounted: bool = False
     unaccounted_checked: bool = False
+    final: bool = False
     supplement_model_mismatches: list[str] = field(default_factory=list)
     restored_at: float | None = None
     lp_pods_evicted: int = 0
@@ -86,6 +87,7 @@ class Cycle:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("unaccounted_checked")
+        out.pop("final")
         out["complete"] = self.complete
         return out
 

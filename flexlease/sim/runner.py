@@ -47,6 +47,8 @@ class Hosted(Protocol):
 
     async def settle(self) -> int: ...
 
+    def paused(self) -> contextlib.AbstractAsyncContextManager[None]: ...
+
 
 HostFactory = Callable[[Settings, MemoryStore, ManualClock], contextlib.AbstractAsyncContextManager[Hosted]]
 
@@ -112,7 +114,7 @@ async def run_policy(
                 store=store,
                 client=client,
                 clock=clock,
-                host=driver.ExtenderHost(ext.url, ext.settle),
+                host=driver.ExtenderHost(ext.url, ext.settle, ext.paused),
             )
             log.info("simulation starting", extra=ctx(policy=policy.value, extender=ext.url))
             error = None

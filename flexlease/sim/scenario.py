@@ -73,7 +73,7 @@ class Scenario:
     lp_patience: float = 600.0
     lp_retry_base: float = 600.0
     lp_retry_max: float = 3600.0
-    lp_max_wait: float = 6 * 3600.0
+    lp_max_wait: float = 3600.0
     restart_in_situ_s: float = 30.0
     restart_full_s: float = 1800.0
     alibaba_gpu_scale: float = 0.08

@@ -31,7 +31,11 @@ async def test_hosted_extender_serves_http_and_settles_on_the_virtual_clock() ->
             lease = objects.gpulease(
                 "reclaim-1", "online/trainer", action=LeaseAction.RECLAIM, count=1, grace_period_seconds=30
             )
-            await store.create(Kind.GPULEASE, lease)
+            async with host.paused():  # a scheduling round: the controller waits
+                await store.create(Kind.GPULEASE, lease)
+                await host.settle()
+                held = await store.get(Kind.GPULEASE, "reclaim-1", namespace="online")
+                assert not (held.get("status") or {}).get("phase")
             await host.settle()
             status = (await store.get(Kind.GPULEASE, "reclaim-1", namespace="online")).get("status") or {}
             assert status.get("phase")  # the controller took it up without any time passing
