@@ -478,6 +478,7 @@ class Simulation:
         its reconciles (tag releases, standby moves, reclaims) run once the round is over,
         not between HTTP calls at points that depend on timing."""
         async with self.host.paused():
+            await self.settle()  # the extender's watches have seen every write so far
             await self._schedule_pending(t, only_high=only_high)
         await self.settle()
 
@@ -1219,7 +1220,6 @@ class Simulation:
                 if sum(p.gpus for p in self._job_pods()) < self.job_target:
                     await self._fill_job(t)  # the job's controller replaces what it lost
                 if self.dirty or any(p.node is None for p in self.pods.values()):
-                    await self.settle()
                     self.dirty = False
                     await self._schedule_round(t)
                 self.check_restored(t)
