@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,6 +99,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
 def main(argv: Sequence[str] | None = None) -> int:
     args, scenario = parse_args(argv)
     flexlease.logging.setup(args.log_level, "text")
+    # One access-log line per HTTP call of the simulated kube-scheduler is noise, not progress.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     policies = list(driver.iter_policies(args.policy))
     result, timing = asyncio.run(runner.run_all(scenario, policies, args.out, keep_state=args.keep_state))
     json_path = report.write_json(result, args.out)
