@@ -99,8 +99,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
 def main(argv: Sequence[str] | None = None) -> int:
     args, scenario = parse_args(argv)
     flexlease.logging.setup(args.log_level, "text")
-    # One access-log line per HTTP call of the simulated kube-scheduler is noise, not progress.
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # The hosted extender's per-call lines (access log, binds, lease steps) are noise at the
+    # simulator's scale; its warnings still show. The report counts what matters.
+    for name in ("aiohttp.access", "extender"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
     policies = list(driver.iter_policies(args.policy))
     result, timing = asyncio.run(runner.run_all(scenario, policies, args.out, keep_state=args.keep_state))
     json_path = report.write_json(result, args.out)
