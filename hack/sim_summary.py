@@ -1,0 +1,105 @@
+"""Summarise several simulator reports (``report.json`` of ``python -m flexlease.sim``, one per
+seed) as one Markdown table: per policy, the mean and the spread (min–max) over the runs.
+
+    python -m hack.sim_summary out/philly-1/report.json out/philly-2/report.json ...
+
+Every run must have the same policies; a run with an error or an invariant violation is
+refused (exit status 1), as its figures are not evidence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+LABELS = {"ror": "right-of-return", "plain": "plain leasing", "static": "no scaling"}
+
+Metric = Callable[[dict[str, Any]], float | None]
+
+ROWS: list[tuple[str, Metric, str]] = [
+    ("job HA share at start", lambda p: p["ha_share"]["start"], "pct"),
+    ("job HA share, last 7 days (at peak)", lambda p: p["ha_share"]["last_days_mean"], "pct"),
+    ("cluster HA share, last 7 days", lambda p: p["ha_share"]["cluster_last_days_mean"], "pct"),
+    (
+        "lent GPUs reclaimed as the same GPU",
+        lambda p: _ratio(p["reclaim"]["reclaimed_same"], _claimed(p)),
+        "pct",
+    ),
+    (
+        "lent GPUs supplemented from standby",
+        lambda p: _ratio(p["reclaim"]["supplemented"], _claimed(p)),
+        "pct",
+    ),
+    ("lent GPUs missing", lambda p: float(p["reclaim"]["missing"]), "int"),
+    ("job interruption (h)", lambda p: p["job"]["interruption_hours"], "num"),
+    ("LP fulfilment 00–06", lambda p: p["lp_fulfilment"]["trough_00_06"], "pct"),
+    ("LP fulfilment 06–24", lambda p: p["lp_fulfilment"]["rest_06_24"], "pct"),
+    ("invariant violations", lambda p: float(p["invariants"]["total"]), "int"),
+]
+
+
+def _claimed(p: dict[str, Any]) -> int:
+    r = p["reclaim"]
+    return int(r["reclaimed_same"] + r["supplemented"] + r["missing"])
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _fmt(values: Sequence[float], kind: str) -> str:
+    if not values:
+        return "–"
+    mean, lo, hi = statistics.fmean(values), min(values), max(values)
+    if kind == "pct":
+        return f"{100 * mean:.1f} % ({100 * lo:.1f}–{100 * hi:.1f})"
+    if kind == "int":
+        return f"{mean:.1f} ({lo:.0f}–{hi:.0f})" if lo != hi else f"{lo:.0f}"
+    return f"{mean:.2f} ({lo:.2f}–{hi:.2f})"
+
+
+def table(reports: Sequence[dict[str, Any]]) -> str:
+    """The Markdown table over ``reports`` (each a parsed report.json). Raises
+    ``ValueError`` when the policies differ or a run failed."""
+    names = list(reports[0]["policies"])
+    for r in reports:
+        if list(r["policies"]) != names:
+            raise ValueError("the reports do not hold the same policies")
+        for n, p in r["policies"].items():
+            if "error" in p or p["invariants"]["total"]:
+                raise ValueError(f"policy {n} of seed {r['scenario']['seed']} failed: not evidence")
+    lines = [
+        "| | " + " | ".join(LABELS.get(n, n) for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for label, metric, kind in ROWS:
+        cells = []
+        for n in names:
+            values = [v for r in reports if (v := metric(r["policies"][n])) is not None]
+            cells.append(_fmt(values, kind))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hack.sim_summary", description=__doc__.splitlines()[0])
+    parser.add_argument("reports", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    reports = [json.loads(path.read_text()) for path in args.reports]
+    try:
+        print(table(reports))
+    except ValueError as exc:
+        print(f"sim_summary: {exc}", file=sys.stderr)
+        return 1
+    seeds = ", ".join(str(r["scenario"]["seed"]) for r in reports)
+    print(f"\nmean (min–max) over seeds {seeds}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

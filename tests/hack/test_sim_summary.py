@@ -1,0 +1,43 @@
+"""hack/sim_summary.py: mean and spread over seeds; failed runs are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hack import sim_summary
+from tests.sim.test_report import _section
+
+
+def _run(seed: int, share: float) -> dict[str, Any]:
+    return {
+        "scenario": {"seed": seed},
+        "policies": {"ror": _section("ror", share), "plain": _section("plain", 0.5)},
+    }
+
+
+def test_table_gives_mean_and_range_per_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    paths = []
+    for seed, share in ((1, 0.75), (2, 0.875)):
+        path = tmp_path / f"r{seed}.json"
+        path.write_text(json.dumps(_run(seed, share)))
+        paths.append(str(path))
+    assert sim_summary.main(paths) == 0
+    out = capsys.readouterr().out
+    assert "| | right-of-return | plain leasing |" in out
+    assert "| job HA share at start | 81.2 % (75.0–87.5) | 50.0 % (50.0–50.0) |" in out
+    assert "over seeds 1, 2" in out
+
+
+def test_a_failed_run_is_not_evidence() -> None:
+    bad = _run(3, 0.75)
+    bad["policies"]["plain"]["invariants"]["total"] = 2
+    with pytest.raises(ValueError, match="not evidence"):
+        sim_summary.table([_run(1, 0.75), bad])
+    other = _run(4, 0.75)
+    del other["policies"]["plain"]
+    with pytest.raises(ValueError, match="same policies"):
+        sim_summary.table([_run(1, 0.75), other])
