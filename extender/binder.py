@@ -5,9 +5,13 @@ only one extender may bind). Follows kube-scheduler's assume → bind → forget
 
 1. read the pod; an already bound pod with its ``assigned-gpus`` on that node is an
    idempotent success;
-2. take an inventory snapshot, choose the devices (:func:`extender.scheduling.choose_devices`)
-   and :meth:`~extender.state.Inventory.assume` them — synchronously, with no ``await`` in
-   between, so two concurrent binds never receive the same GPU;
+2. take an inventory snapshot, in which the pod's own claim counts as free for it
+   (:func:`extender.scheduling.release_own`); keep the pod's existing ``assigned-gpus`` only
+   if :func:`extender.scheduling.claim_problem` finds nothing wrong with it (never trusted:
+   anyone can write an annotation), else choose the devices
+   (:func:`extender.scheduling.choose_devices`); :meth:`~extender.state.Inventory.assume`
+   them — synchronously, with no ``await`` in between, so two concurrent binds never
+   receive the same GPU;
 3. write ``flexlease.io/assigned-gpus``, ``assigned-uuids`` and ``assigned-at`` with a JSON
    merge patch, then create the Binding (``store.bind``);
 4. on any failure: forget the reservation and, when the annotations were written but the
@@ -129,17 +133,34 @@ class Binder:
                 )
             return BindOutcome("bound")
 
-        if req.assignment is not None and req.assignment.node == node:
-            # A previous attempt wrote the annotations but did not bind: finish it.
-            return await self._create_binding(req, node=node, assignment=req.assignment, wrote_at=None)
-
-        # Snapshot → choose → assume, with no await in between.
+        # Snapshot → check or choose → assume, with no await in between. The pod's own
+        # claim (an interrupted earlier attempt) counts as free for it.
         view = self._inventory.snapshot().get(node)
         if view is None:
             return self._fail(key, node, f"node {node} has no GPUNode", cause="no_gpunode")
         if view.standby and not req.reclaim:
-            return self._fail(key, node, scheduling.STANDBY_NOT_RECLAIM.reason, cause="standby_not_reclaim")
-        indices = scheduling.choose_devices(req, view)
+            return self._fail(
+                key,
+                node,
+                f"{node} is a standby-pool node; only reclaim pods (flexlease.io/reclaim=true) may use it",
+                cause="standby_not_reclaim",
+            )
+        view = scheduling.release_own(view, pod_uid)
+        indices: tuple[int, ...] | None = None
+        if req.assignment is not None and req.assignment.node == node:
+            # A claim already on the pod: a previous attempt of ours that did not bind, or
+            # anyone's annotation (a copied YAML). Keep it only if it checks out.
+            problem = scheduling.claim_problem(req, view, req.assignment.indices)
+            if problem is None:
+                indices = req.assignment.indices
+            else:
+                log.warning(
+                    "pod's existing assigned-gpus cannot be kept (%s); choosing GPUs afresh",
+                    problem,
+                    extra=ctx(pod=key, node=node, gpu=req.assignment.format()),
+                )
+        if indices is None:
+            indices = scheduling.choose_devices(req, view)
         if indices is None:
             verdict = scheduling.check_node(req, view)
             return self._fail(
@@ -156,6 +177,13 @@ class Binder:
         assignment = Assignment(node, indices)
         by_index = {d.index: d for d in view.devices}
         uuids = ",".join(by_index[i].uuid for i in indices)
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if (
+            annotations.get(keys.ANN_ASSIGNED_GPUS) == assignment.format()
+            and annotations.get(keys.ANN_ASSIGNED_UUIDS) == uuids
+        ):
+            # Recorded already (a previous attempt): only the Binding is missing.
+            return await self._create_binding(req, node=node, assignment=assignment, wrote_at=None)
         at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         patch = {
             "metadata": {

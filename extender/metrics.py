@@ -134,6 +134,15 @@ class InventoryCollector(Collector):
         events.add_metric(["expired"], inv.stats.expired)
         events.add_metric(["forgotten"], inv.stats.forgotten)
         yield events
+        claims = CounterMetricFamily(
+            "flexlease_extender_claim_events",
+            "assigned-gpus claims resolved by the inventory: conflict (a pod claims a GPU another "
+            "pod claims; one keeps it), released (a pod stayed unbound past the reservation TTL).",
+            labels=["event"],
+        )
+        claims.add_metric(["conflict"], inv.stats.claim_conflicts)
+        claims.add_metric(["released"], inv.stats.claims_released)
+        yield claims
         bad = CounterMetricFamily(
             "flexlease_extender_ignored_objects",
             "GPUNode or Pod objects (or devices) ignored because they were malformed.",

@@ -19,10 +19,12 @@ pods, and only when no general candidate fits (FETCHSTANDBY: same type, tier ``>
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Final, NamedTuple
 
 from flexlease.api.pod import GpuRequest, Priority
@@ -31,13 +33,6 @@ from flexlease.api.tiers import Tier
 
 MAX_SCORE: Final = 10
 """``MaxExtenderPriority`` of ``k8s.io/kube-scheduler/extender/v1``."""
-
-# Score weights (ratios of MAX_SCORE): lexicographic preference order of DESIGN §3 —
-# own tagged GPUs (HP reclaim) > cached image/checkpoint (PICKGPUS) > placement (packing,
-# untagged for LP). Each level outweighs everything below it.
-_W_OWN: Final = 0.6
-_W_CACHE: Final = 0.25
-_W_PLACE: Final = 0.15
 
 
 class Code(enum.IntEnum):
@@ -158,13 +153,16 @@ class RequestKeys:
     On a node without ownership tags every pod sees the same devices (``open``: tags do not
     matter, as for LP pods); on a tagged node an HP pod whose owner has no tag there sees
     only untagged devices (``closed``). Normalising to these few keys lets the per-node
-    memo serve almost every request.
+    memo serve almost every request. ``preemptor``: the pod's ``spec.priority`` when it may
+    preempt (``preemptionPolicy`` is not ``Never``), else None; kube-scheduler only evicts
+    pods of lower priority, so it decides whether "preemption may help".
     """
 
     exact: FitKey
     open: FitKey
     closed: FitKey
     count: int
+    preemptor: int | None = None
 
     @classmethod
     def of(cls, req: GpuRequest) -> RequestKeys:
@@ -174,6 +172,7 @@ class RequestKeys:
             open=FitKey(req.required_tier, req.gpu_type, False, None),
             closed=FitKey(req.required_tier, req.gpu_type, True, None),
             count=req.count,
+            preemptor=req.priority_value if req.preempts else None,
         )
 
     def for_node(self, node: NodeView) -> FitKey:
@@ -190,7 +189,9 @@ class NodeFit(NamedTuple):
     A named tuple: equal situations on different nodes share one verdict through a memo.
 
     ``usable``: devices this pod could use if nobody held them; ``free``: usable and free;
-    ``preemptable``: usable and held by low-priority pods; ``own_free``: free usable devices
+    ``low_held``: for each usable device held by a low-priority pod (not a bind in flight),
+    that pod's ``spec.priority``, ascending — a preemptor of higher priority could free it;
+    ``own_free``: free usable devices
     tagged with the pod's owner; ``untagged_free``: free usable untagged devices;
     ``node_free``: free healthy devices of any kind (for packing). The rest explain failures.
     """
@@ -199,7 +200,7 @@ class NodeFit(NamedTuple):
     matching_type: int
     usable: int
     free: int
-    preemptable: int
+    low_held: tuple[int, ...]
     own_free: int
     untagged_free: int
     node_free: int
@@ -210,7 +211,8 @@ class NodeFit(NamedTuple):
 
 class DeviceGroup(NamedTuple):
     """Devices of one node alike in model, tier rank, owner tag and health: ``total`` of
-    them, ``free`` unheld, ``preemptable`` held by low-priority pods (not reserved)."""
+    them, ``free`` unheld; ``low_held``: the ``spec.priority`` of the low-priority (not
+    reserved) holder of each held one."""
 
     model: str
     rank: int
@@ -218,7 +220,7 @@ class DeviceGroup(NamedTuple):
     healthy: bool
     total: int
     free: int
-    preemptable: int
+    low_held: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -246,24 +248,46 @@ class NodeView:
     def __post_init__(self) -> None:
         object.__setattr__(self, "owners", frozenset(d.owner for d in self.devices if d.owner is not None))
         counts: dict[tuple[str, int, str | None, bool], list[int]] = {}
+        low_held: dict[tuple[str, int, str | None, bool], list[int]] = {}
         for d in self.devices:
-            c = counts.setdefault((d.model, d.rank, d.owner, d.healthy), [0, 0, 0])
+            k = (d.model, d.rank, d.owner, d.healthy)
+            c = counts.setdefault(k, [0, 0])
             c[0] += 1
             if d.holder is None:
                 c[1] += 1
             else:
                 h = self.holders.get(d.holder)
                 if h is not None and h.low and not h.reserved:
-                    c[2] += 1
+                    low_held.setdefault(k, []).append(h.priority_value)
         object.__setattr__(
             self,
             "groups",
-            tuple(DeviceGroup(m, r, o, hl, *c) for (m, r, o, hl), c in counts.items()),
+            tuple(
+                DeviceGroup(m, r, o, hl, c[0], c[1], tuple(low_held.get((m, r, o, hl), ())))
+                for (m, r, o, hl), c in counts.items()
+            ),
         )
 
     @property
     def standby(self) -> bool:
         return self.pool is Pool.STANDBY
+
+
+def release_own(node: NodeView, uid: str) -> NodeView:
+    """``node`` as pod ``uid`` sees it: devices the pod itself holds or reserves there (a
+    claim left by an interrupted bind, a bind being retried) count as free, so a pod never
+    stands in its own way. Returns ``node`` itself when the pod holds nothing there."""
+    if not uid or uid not in node.holders:
+        return node
+    return NodeView(
+        name=node.name,
+        pool=node.pool,
+        generation=node.generation,
+        devices=tuple(replace(d, holder=None) if d.holder == uid else d for d in node.devices),
+        images=node.images,
+        checkpoints=node.checkpoints,
+        holders=MappingProxyType({k: h for k, h in node.holders.items() if k != uid}),
+    )
 
 
 # --------------------------------------------------------------------------- usability
@@ -291,8 +315,9 @@ def fit(key: FitKey, node: NodeView) -> NodeFit:
     cached = node.memo.get(key)
     if cached is not None:
         return cached  # type: ignore[return-value]
-    matching = usable = free = preemptable = own_free = untagged_free = node_free = 0
+    matching = usable = free = own_free = untagged_free = node_free = 0
     unhealthy = below = foreign = 0
+    low_held: list[int] = []
     need_rank = key.tier.rank
     gpu_type = key.gpu_type
     for g in node.groups:
@@ -310,7 +335,7 @@ def fit(key: FitKey, node: NodeView) -> NodeFit:
         else:
             usable += g.total
             free += g.free
-            preemptable += g.preemptable
+            low_held.extend(g.low_held)
             if g.owner is None:
                 untagged_free += g.free
             elif key.owner is not None and g.owner == key.owner:
@@ -320,7 +345,7 @@ def fit(key: FitKey, node: NodeView) -> NodeFit:
         matching_type=matching,
         usable=usable,
         free=free,
-        preemptable=preemptable,
+        low_held=tuple(sorted(low_held)),
         own_free=own_free,
         untagged_free=untagged_free,
         node_free=node_free,
@@ -352,11 +377,11 @@ def check_node(req: GpuRequest, node: NodeView) -> Verdict:
 
 def _check(keys: RequestKeys, node: NodeView) -> Verdict:
     key = keys.for_node(node)
-    memo_key = (key, keys.count)
+    memo_key = (key, keys.count, keys.preemptor)
     cached = node.memo.get(memo_key)
     if cached is not None:
         return cached  # type: ignore[return-value]
-    verdict = _verdict(keys.count, key, fit(key, node))
+    verdict = _verdict(keys.count, key, fit(key, node), keys.preemptor)
     node.memo[memo_key] = verdict
     return verdict
 
@@ -375,40 +400,64 @@ def _intern(code: Code, cause: Cause, reason: str) -> Verdict:
     return v
 
 
-_BY_SITUATION: dict[tuple[int, FitKey, NodeFit], Verdict] = {}
+_BY_SITUATION: dict[tuple[int, FitKey, NodeFit, int | None], Verdict] = {}
 
 
-def _verdict(need: int, key: FitKey, f: NodeFit) -> Verdict:
-    situation = (need, key, f)
+def _verdict(need: int, key: FitKey, f: NodeFit, preemptor: int | None) -> Verdict:
+    situation = (need, key, f, preemptor)
     v = _BY_SITUATION.get(situation)
     if v is None:
         if len(_BY_SITUATION) >= _INTERN_LIMIT:
             _BY_SITUATION.clear()
-        v = _explain(need, key, f)
+        v = _explain(need, key, f, preemptor)
         v = _BY_SITUATION[situation] = v if v is PASS else _intern(v.code, v.cause, v.reason)
     return v
 
 
-def _explain(need: int, key: FitKey, f: NodeFit) -> Verdict:
-    """The verdict and its reason. Reasons name the pod's request and the node's situation
-    but not the node's exact free counts, so that nodes in the same situation share one
-    reason: kube-scheduler groups equal reasons in the pod's FailedScheduling event
-    ("0/1250 nodes are available: 800 <reason>, ...")."""
+def _gpus(n: int, what: str) -> str:
+    """``no free GPU`` / ``fewer than 2 free GPUs`` — the start of a reason, sized for ``n``."""
+    return f"no {what}GPU" if n == 1 else f"fewer than {n} {what}GPUs"
+
+
+def _ask(key: FitKey) -> str:
+    """What the pod asks beyond a count: `` of type X`` and `` at tier MA or above``."""
+    out = f" of type {key.gpu_type}" if key.gpu_type is not None else ""
+    if key.tier is not Tier.LA:
+        out += f" at tier {key.tier} or above"
+    return out
+
+
+def preemptable_by(f: NodeFit, preemptor: int | None) -> int:
+    """Usable devices of ``f`` held by low-priority pods that a pod of ``spec.priority``
+    ``preemptor`` (None: may not preempt) could evict: kube-scheduler only preempts pods
+    of lower priority."""
+    if preemptor is None:
+        return 0
+    return bisect.bisect_left(f.low_held, preemptor)
+
+
+def _explain(need: int, key: FitKey, f: NodeFit, preemptor: int | None) -> Verdict:
+    """The verdict and its reason.
+
+    Reasons are phrased for kube-scheduler's aggregation, which prefixes each distinct
+    reason with the number of nodes that gave it (``0/1250 nodes are available: 800 node(s)
+    had no free GPU of type NVIDIA H20 at tier HA or above.``): they start with
+    ``node(s) had`` and name the pod's request and the node's situation but not the node's
+    exact counts, so nodes in the same situation share one reason. Unschedulable (preemption
+    may help) only when enough usable devices are held by low-priority pods this pod may
+    preempt (lower ``spec.priority``, ``preemptionPolicy`` not ``Never``); otherwise the
+    scheduler's preemption pass would be futile, so the node is unresolvable.
+    """
     if f.free >= need:
         return PASS
-    gpus = f"{need} {_plural(need)}"
+    ask = _ask(key)
     if f.total == 0:
-        return Verdict(Code.UNRESOLVABLE, Cause.NO_GPUS, "node's GPUNode reports no GPUs")
+        return Verdict(Code.UNRESOLVABLE, Cause.NO_GPUS, "node(s) had a GPUNode that reports no GPUs")
     if need > f.total:
-        return Verdict(
-            Code.UNRESOLVABLE,
-            Cause.TOO_FEW_GPUS,
-            f"pod needs {gpus}; node has {f.total} {_plural(f.total)} in total",
-        )
+        return Verdict(Code.UNRESOLVABLE, Cause.TOO_FEW_GPUS, f"node(s) had {_gpus(need, '')} in total")
     if f.matching_type < need:
-        have = "none" if f.matching_type == 0 else f"only {f.matching_type}"
         return Verdict(
-            Code.UNRESOLVABLE, Cause.WRONG_TYPE, f"pod needs {gpus} of type {key.gpu_type!r}; node has {have}"
+            Code.UNRESOLVABLE, Cause.WRONG_TYPE, f"node(s) had {_gpus(need, '')} of type {key.gpu_type}"
         )
     if f.usable < need:
         parts = []
@@ -421,34 +470,33 @@ def _explain(need: int, key: FitKey, f: NodeFit) -> Verdict:
         return Verdict(
             Code.UNRESOLVABLE,
             Cause.NOT_USABLE,
-            f"pod needs {gpus} with tier >= {key.tier}; not enough usable here "
-            f"(some are {' / '.join(parts)})",
+            f"node(s) had {_gpus(need, 'healthy ')}{ask} open to this pod (others {' or '.join(parts)})",
         )
-    if f.free + f.preemptable >= need:
+    if f.free + preemptable_by(f, preemptor) >= need:
         return Verdict(
             Code.UNSCHEDULABLE,
             Cause.HELD_PREEMPTABLE,
-            f"pod needs {gpus}; usable GPUs are held by low-priority pods (preemption may help)",
+            f"node(s) had {_gpus(need, 'free ')}{ask}; preemptable lower-priority pods hold the rest",
         )
     return Verdict(
         Code.UNRESOLVABLE,
         Cause.HELD,
-        f"pod needs {gpus}; usable GPUs are held by high-priority pods or binds in flight",
+        f"node(s) had {_gpus(need, 'free ')}{ask}; pods this pod cannot preempt hold the rest",
     )
 
 
 STANDBY_NOT_RECLAIM: Final = Verdict(
     Code.UNRESOLVABLE,
     Cause.STANDBY_NOT_RECLAIM,
-    "standby-pool node: only reclaim pods (flexlease.io/reclaim=true) may use it",
+    "node(s) were in the standby pool, which only reclaim pods (flexlease.io/reclaim=true) may use",
 )
 STANDBY_NOT_NEEDED: Final = Verdict(
     Code.UNRESOLVABLE,
     Cause.STANDBY_NOT_NEEDED,
-    "standby-pool node: used only when no general-pool node fits this reclaim pod",
+    "node(s) were in the standby pool, which a reclaim pod uses only when no general-pool node fits",
 )
 NO_GPUNODE: Final = Verdict(
-    Code.UNRESOLVABLE, Cause.NO_GPUNODE, "node has no GPUNode (no flexlease agent reports its GPUs)"
+    Code.UNRESOLVABLE, Cause.NO_GPUNODE, "node(s) had no flexlease GPUNode (no agent reports their GPUs)"
 )
 
 
@@ -461,6 +509,7 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
     """
     keys = RequestKeys.of(req)
     exact, open_key, closed, count = keys.exact, keys.open, keys.closed, keys.count
+    preemptor = keys.preemptor
     high, owner = exact.high, exact.owner
     out: list[Verdict] = []
     append = out.append
@@ -484,7 +533,7 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
             key = exact
         else:
             key = closed
-        v = node.memo.get((key, count))
+        v = node.memo.get((key, count, preemptor))
         if v is None:
             v = _check(keys, node)
         if v is PASS:
@@ -515,14 +564,51 @@ def standby_allowed(req: GpuRequest, general: Iterable[NodeView]) -> bool:
 def score_node(req: GpuRequest, node: NodeView) -> int:
     """Score 0–10 of a node that passed filter (0 for one that does not fit).
 
-    Preference order (DESIGN §3), each level outweighing all below it:
-    own tagged free GPUs for a high-priority reclaim pod (share of the request they cover,
-    weight 0.6); the node caches the pod's checkpoint (0.25) or one of its images (half of
-    that) — PICKGPUS; placement (0.15): best fit, i.e. the fewest free GPUs left on the
-    node after placement, so whole free nodes stay for large jobs; for low-priority pods half
-    of it goes to fitting on untagged GPUs, so a reclaim needs fewer preemptions.
+    The preference order of DESIGN §3, most significant first: (a) for a high-priority
+    reclaim pod, its own tagged free GPUs cover none / part / all of the request; (b) the
+    node caches nothing / one of the pod's images / its checkpoint (PICKGPUS); (c) for a
+    low-priority pod, the request fits on untagged GPUs (so a reclaim needs fewer
+    preemptions); (d) packing: the fewer free GPUs left on the node after placement, the
+    better (whole free nodes stay for large jobs). See :func:`banded_score` for how this
+    is mapped onto the 11 scores without rounding ever erasing or inverting (a)–(c).
     """
     return score_keyed(req, RequestKeys.of(req), node)
+
+
+def preference_levels(
+    req: GpuRequest, keys: RequestKeys, f: NodeFit, *, cached_ckpt: bool, cached_image: bool
+) -> tuple[tuple[int, int], ...]:
+    """The discrete preference levels (a)–(c) of :func:`score_node` as ``(value, number of
+    values)`` pairs, most significant first; only the levels that apply to this pod."""
+    need = req.count
+    levels: list[tuple[int, int]] = []
+    if req.reclaim and keys.exact.high and keys.exact.owner is not None:
+        own = min(f.own_free, need)
+        levels.append((0 if own == 0 else 2 if own >= need else 1, 3))
+    levels.append((2 if cached_ckpt else 1 if cached_image else 0, 3))
+    if not keys.exact.high:
+        levels.append((1 if f.untagged_free >= need else 0, 2))
+    return tuple(levels)
+
+
+def banded_score(levels: Iterable[tuple[int, int]], fraction: float) -> int:
+    """Map discrete ``levels`` (``(value, number of values)``, most significant first) and
+    a tie-breaking ``fraction`` in [0, 1] onto scores 1..``MAX_SCORE``.
+
+    The levels form a mixed-radix rank ``r`` in ``[0, N)``; rank ``r`` owns the band
+    ``1 + r*10//N .. (r+1)*10//N`` (at least one score when ``N <= 10``), and bands of
+    higher ranks lie strictly above lower ones, so a better level always scores strictly
+    higher whatever the fraction. Inside its band the fraction picks a score monotonically
+    (it may tie, never invert). Raises ValueError when ``N > MAX_SCORE``.
+    """
+    rank, n = 0, 1
+    for value, size in levels:
+        rank, n = rank * size + value, n * size
+    if n > MAX_SCORE:
+        raise ValueError(f"{n} preference classes do not fit in scores 1..{MAX_SCORE}")
+    lo = 1 + rank * MAX_SCORE // n
+    width = (rank + 1) * MAX_SCORE // n - lo + 1
+    return lo + min(int(max(fraction, 0.0) * width), width - 1)
 
 
 def score_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[int]:
@@ -549,23 +635,12 @@ def _compute_score(
     req: GpuRequest, keys: RequestKeys, f: NodeFit, *, cached_ckpt: bool, cached_image: bool
 ) -> int:
     need = req.count
-    high = keys.exact.high
     if need <= 0 or f.free < need:
         return 0
-    raw = 0.0
-    if req.reclaim and high and keys.exact.owner is not None:
-        raw += _W_OWN * min(f.own_free, need) / need
-    if cached_ckpt:
-        raw += _W_CACHE
-    elif cached_image:
-        raw += _W_CACHE / 2
+    levels = preference_levels(req, keys, f, cached_ckpt=cached_ckpt, cached_image=cached_image)
     left = max(f.node_free - need, 0)
     packing = 1.0 - left / f.total if f.total else 0.0
-    if high:
-        raw += _W_PLACE * packing
-    else:
-        raw += _W_PLACE * (0.5 * (1.0 if f.untagged_free >= need else 0.0) + 0.5 * packing)
-    return max(0, min(MAX_SCORE, round(raw * MAX_SCORE)))
+    return banded_score(levels, packing)
 
 
 # --------------------------------------------------------------------------- bind
@@ -599,6 +674,34 @@ def choose_devices(req: GpuRequest, node: NodeView) -> tuple[int, ...] | None:
         return None
     usable.sort(key=device_order(key, reclaim=req.reclaim))
     return tuple(sorted(d.index for d in usable[: req.count]))
+
+
+def claim_problem(req: GpuRequest, node: NodeView, indices: Sequence[int]) -> str | None:
+    """Why pod ``req`` may not keep the devices ``indices`` it claims on ``node`` (its
+    ``assigned-gpus``, written by someone — never trusted), or None when it may: every
+    device exists, is healthy, is usable by the pod (type, tier, ownership tag), is held by
+    no other pod, and the claim names exactly ``req.count`` devices. ``node`` should be the
+    pod's view (:func:`release_own`); pool rules are the caller's."""
+    if len(indices) != req.count:
+        return f"it names {len(indices)} {_plural(len(indices))}, the pod needs {req.count}"
+    key = FitKey.of(req)
+    by_index = {d.index: d for d in node.devices}
+    for i in indices:
+        d = by_index.get(i)
+        if d is None:
+            return f"{node.name} has no GPU {i}"
+        if d.holder is not None:
+            other = node.holders.get(d.holder)
+            return f"GPU {i} is held by pod {other.key if other is not None else d.holder}"
+        if not d.healthy:
+            return f"GPU {i} is unhealthy"
+        if key.gpu_type is not None and d.model != key.gpu_type:
+            return f"GPU {i} is a {d.model}, the pod needs a {key.gpu_type}"
+        if d.rank < key.tier.rank:
+            return f"GPU {i} is at tier {d.tier or 'unknown'}, the pod needs {key.tier} or above"
+        if not tag_allows(key, d.owner):
+            return f"GPU {i} is tagged for {d.owner}"
+    return None
 
 
 # --------------------------------------------------------------------------- preempt

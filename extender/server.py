@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -89,6 +90,10 @@ _OUTCOME: Final = {
     Code.UNSCHEDULABLE: "unschedulable",
     Code.UNRESOLVABLE: "unresolvable",
 }
+
+
+class _Disconnected(Exception):
+    """Internal: the client hung up before its request body arrived (nothing to answer)."""
 
 
 class _Reject(Exception):
@@ -190,6 +195,9 @@ async def _error_middleware(
         return await handler(request)
     except _Reject as exc:
         return _reject(request, exc.status, exc.reason, str(exc))
+    except _Disconnected as exc:
+        log.debug("client disconnected before sending its whole request: %s", exc, extra=ctx(verb=verb))
+        return web.Response(status=400)
     except RequestError as exc:  # bad input found past the envelope (e.g. a NodeList entry)
         return _reject(request, 400, "invalid", str(exc))
     except web.HTTPRequestEntityTooLarge:
@@ -223,15 +231,69 @@ def _reject(request: web.Request, status: int, reason: str, message: str) -> web
 # --------------------------------------------------------------------------- request parsing
 
 
+MAX_JSON_DEPTH: Final = 100
+"""Deepest nesting of objects and arrays accepted in a request body. Pods, NodeLists and
+the extender envelopes nest about 15 deep (managedFields included)."""
+MAX_JSON_INT_DIGITS: Final = 20
+"""Longest integer literal accepted: Kubernetes integers are int64 (19 digits and a sign)."""
+
+_JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS: Final = {c: None for c in range(128) if chr(c) not in "[]{}"}
+_DEPTH_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _json_int(text: str) -> int:
+    """``parse_int`` hook: refuse integer literals longer than any Kubernetes integer."""
+    if len(text) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"integer literal of {len(text)} digits (at most {MAX_JSON_INT_DIGITS})")
+    return int(text)
+
+
+def json_depth(text: str) -> int:
+    """Deepest nesting of arrays/objects in ``text``, which must be valid JSON (outside its
+    strings it is then pure ASCII). O(len(text))."""
+    depth = deepest = 0
+    for ch in _JSON_STRING.sub("", text).translate(_NOT_BRACKETS):
+        depth += _DEPTH_STEP[ch]
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _too_deep(text: str) -> bool:
+    """Whether ``text`` (valid JSON) nests deeper than :data:`MAX_JSON_DEPTH`; a body with
+    fewer opening brackets than that cannot, and is not scanned."""
+    if text.count("{") + text.count("[") <= MAX_JSON_DEPTH:
+        return False
+    return json_depth(text) > MAX_JSON_DEPTH
+
+
 async def _read_json(request: web.Request) -> Any:
+    """The request body as JSON. Raises :class:`_Reject` (400) on a body that is not
+    UTF-8 JSON, nests deeper than :data:`MAX_JSON_DEPTH`, holds an integer literal longer
+    than :data:`MAX_JSON_INT_DIGITS`, or cannot be decoded (corrupt ``Content-Encoding``);
+    :class:`_Disconnected` when the client hangs up mid-body; lets aiohttp's 413 through."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise
+    except web.RequestPayloadError as exc:
+        # Mark the body consumed, so aiohttp does not read (and log) the broken stream again.
+        request.content.feed_eof()
+        raise _Reject(
+            400, "bad_encoding", f"cannot read the request body: {exc.args[0] if exc.args else exc}"
+        ) from exc
+    except ConnectionError as exc:
+        raise _Disconnected(str(exc)) from exc
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+        body = json.loads(text, parse_int=_json_int)
+    except RecursionError as exc:
+        raise _Reject(400, "too_deep", f"JSON body nests deeper than {MAX_JSON_DEPTH} levels") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, _json_int
         raise _Reject(400, "bad_json", f"malformed JSON body: {exc}") from exc
+    if _too_deep(text):
+        raise _Reject(400, "too_deep", f"JSON body nests deeper than {MAX_JSON_DEPTH} levels")
+    return body
 
 
 _M = TypeVar("_M", bound=wire.WireModel)
@@ -306,9 +368,34 @@ async def filter_verb(request: web.Request) -> web.Response:
             unresolvable=len(result.unresolvable),
         ),
     )
+    own = _own_claims(req, snap.nodes, names, inv)
+    if own:  # the pod's own claim (an interrupted bind of it) never stands in its way
+        passed, failed, unresolvable = list(result.passed), dict(result.failed), dict(result.unresolvable)
+        for name, view in own.items():
+            if view.standby or scheduling.check_node(req, view) is not scheduling.PASS:
+                continue
+            if failed.pop(name, None) is not None or unresolvable.pop(name, None) is not None:
+                passed.append(name)
+        return _json(_filter_reply(args, passed, failed, unresolvable))
     if args.node_names is None and args.nodes is not None:
         return _json(_filter_reply(args, result.passed, result.failed, result.unresolvable))
     return web.Response(body=result.encode(), content_type="application/json")
+
+
+def _own_claims(
+    req: podapi.GpuRequest, nodes: Mapping[str, scheduling.NodeView], names: Sequence[str], inv: Inventory
+) -> dict[str, scheduling.NodeView]:
+    """Candidate nodes where the pod itself holds or reserves devices, as the pod sees them
+    (its devices free: :func:`extender.scheduling.release_own`). Usually empty."""
+    claimed = inv.claimed_nodes(req.uid) if req.uid else set()
+    if not claimed:
+        return {}
+    out: dict[str, scheduling.NodeView] = {}
+    for name in claimed.intersection(names):
+        view = nodes.get(name)
+        if view is not None:
+            out[name] = scheduling.release_own(view, req.uid)
+    return out
 
 
 def _filter_reply(
@@ -350,6 +437,13 @@ async def prioritize_verb(request: web.Request) -> web.Response:
     body = request.app[PRIORITY_CACHE].prioritize(
         req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since
     )
+    own = _own_claims(req, snap.nodes, names, inv)
+    if own:  # score the pod's own claim as free for it
+        scores = [
+            {"Host": n, "Score": scheduling.score_node(req, own[n]) if n in own else s["Score"]}
+            for n, s in zip(names, json.loads(body), strict=True)
+        ]
+        return _json(scores)
     return web.Response(body=body, content_type="application/json")
 
 
@@ -393,16 +487,17 @@ async def preempt_verb(request: web.Request) -> web.Response:
     not_ready = _not_ready_error(request)
     if not_ready is not None:  # the preemption reply has no Error field: a non-200 is the error
         raise _Reject(503, "not_ready", not_ready)
-    raw_prio = (args.pod.get("spec") or {}).get("priority")
-    preemptor_priority = raw_prio if isinstance(raw_prio, int) else 0
     nodes = request.app[INVENTORY].snapshot().nodes
     out: dict[str, wire.MetaVictims] = {}
     for name, mv in proposal.items():
         view = nodes.get(name)
-        if view is None or (view.standby and not req.reclaim):
+        if view is None or (view.standby and not req.reclaim) or not req.preempts:
             continue
         victims = scheduling.select_victims(
-            req, view, proposed=[p.uid for p in mv.pods], preemptor_priority=preemptor_priority
+            req,
+            scheduling.release_own(view, req.uid),
+            proposed=[p.uid for p in mv.pods],
+            preemptor_priority=req.priority_value,
         )
         if victims is None:
             continue

@@ -12,6 +12,19 @@ reserves devices synchronously (right after a snapshot, with no ``await`` in bet
 watch confirms the reservation when the pod's ``assigned-gpus`` arrives, :meth:`forget`
 drops it on failure, and reservations unconfirmed after ``reservation_ttl_seconds`` expire.
 
+An ``assigned-gpus`` annotation is a *claim*, not a fact (anyone can write one, e.g. by
+copying a running pod's YAML). Claims are resolved by one rule, per node:
+
+1. a claim by a pod bound to that node (``spec.nodeName``) beats a claim by a pod that is
+   not; among bound pods the one created first (``creationTimestamp``, then
+   ``namespace/name``) keeps a device claimed twice, the other keeps its remaining devices
+   (it runs; the conflict is logged with both pods and counted);
+2. a claim by a pod not bound there holds its devices only while none of them is held by
+   another pod (else it loses its whole claim, logged and counted) and only for
+   ``reservation_ttl_seconds`` after the extender first saw it (a bind in flight or one
+   interrupted between writing the annotation and creating the Binding); after that the
+   claim is released (logged and counted), and the pod may be scheduled afresh.
+
 Neighbours: fed by the watch loops in :mod:`extender.server`; read by
 :mod:`extender.scheduling` (through snapshots) and :mod:`extender.metrics` (gauges).
 Pure bookkeeping, no I/O and no asyncio.
@@ -89,12 +102,20 @@ class _Node:
 
 @dataclass(frozen=True, slots=True)
 class _Holding:
+    """A pod's claim from its ``assigned-gpus``. ``bound``: the pod is bound to ``node``."""
+
     uid: str
     key: str
     node: str
     indices: tuple[int, ...]
     low: bool
     priority_value: int
+    bound: bool = True
+    created: str = ""
+
+    def order(self) -> tuple[bool, str, str]:
+        """Rule 1 of the module docstring: the lower claim wins a device claimed twice."""
+        return (not self.bound, self.created, self.key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +145,10 @@ class InventoryStats:
     forgotten: int = 0
     bad_objects: int = 0
     conflicts: int = 0
+    claim_conflicts: int = 0
+    """Pods found claiming a GPU another pod claims (counted once per pod and claim)."""
+    claims_released: int = 0
+    """Claims of pods that stayed unbound past the reservation TTL, released."""
 
 
 class Inventory:
@@ -148,6 +173,10 @@ class Inventory:
         self._holdings: dict[str, _Holding] = {}
         self._on_node: dict[str, dict[str, None]] = {}
         self._reservations: dict[str, Reservation] = {}
+        self._unbound: dict[str, float] = {}
+        """uid → monotonic deadline of each live claim by a pod not bound to its node."""
+        self._stale: set[str] = set()
+        """Claims of unbound pods past their deadline: released, ignored until they change."""
         self._views: dict[str, NodeView] = {}
         self._dirty: set[str] = set()
         self._generation = 0
@@ -275,15 +304,15 @@ class Inventory:
         if req.assignment is None or req.terminated:
             self._release(uid)
             return uid
-        spec = obj.get("spec") or {}
-        raw_prio = spec.get("priority") if isinstance(spec, dict) else None
         holding = _Holding(
             uid=uid,
             key=req.key,
             node=req.assignment.node,
             indices=req.assignment.indices,
             low=req.priority is Priority.LOW,
-            priority_value=raw_prio if isinstance(raw_prio, int) else 0,
+            priority_value=req.priority_value,
+            bound=req.node_name == req.assignment.node,
+            created=req.created,
         )
         return self._hold(holding)
 
@@ -304,6 +333,9 @@ class Inventory:
         )
         if assignment is None or not isinstance(uid, str) or not uid:
             return None
+        spec = obj.get("spec") if isinstance(obj, dict) else None
+        node_name = spec.get("nodeName") if isinstance(spec, dict) else None
+        created = meta.get("creationTimestamp") if isinstance(meta, dict) else None
         holding = _Holding(
             uid=uid,
             key=f"{namespace}/{name}",
@@ -311,6 +343,8 @@ class Inventory:
             indices=assignment.indices,
             low=False,
             priority_value=0,
+            bound=node_name == assignment.node,
+            created=created if isinstance(created, str) else "",
         )
         return self._hold(holding)
 
@@ -325,14 +359,46 @@ class Inventory:
             self._holdings[uid] = holding
             self._on_node.setdefault(holding.node, {})[uid] = None
             self._dirty.add(holding.node)
+            if not holding.bound:
+                self._unbound[uid] = self._clock() + self._ttl
+            self._report_conflicts(holding)
         pending = self._reservations.get(uid)
         if pending is not None and pending.node == holding.node and pending.indices == holding.indices:
             del self._reservations[uid]
             self._dirty.add(pending.node)
             self.stats.confirmed += 1
+            if not holding.bound:  # our own bind wrote this claim: its TTL starts now
+                self._stale.discard(uid)
+                self._unbound[uid] = self._clock() + self._ttl
         return uid
 
+    def _report_conflicts(self, holding: _Holding) -> None:
+        """Log and count each other pod that claims one of ``holding``'s devices, naming
+        which of the two keeps it by the module's rule."""
+        mine = set(holding.indices)
+        for other_uid in self._on_node.get(holding.node, ()):
+            other = self._holdings[other_uid]
+            if other_uid == holding.uid or mine.isdisjoint(other.indices):
+                continue
+            keeps, loses = sorted((holding, other), key=_Holding.order)
+            self.stats.claim_conflicts += 1
+            log.warning(
+                "two pods claim the same GPU; %s keeps it (%s), %s %s",
+                keeps.key,
+                "bound first" if loses.bound else "bound" if keeps.bound else "claimed first",
+                loses.key,
+                "keeps its other GPUs" if loses.bound else "loses its claim",
+                extra=ctx(
+                    pod=holding.key,
+                    other=other.key,
+                    node=holding.node,
+                    gpu=",".join(map(str, sorted(mine.intersection(other.indices)))),
+                ),
+            )
+
     def _release(self, uid: str) -> None:
+        self._unbound.pop(uid, None)
+        self._stale.discard(uid)
         holding = self._holdings.pop(uid, None)
         if holding is None:
             return
@@ -396,12 +462,26 @@ class Inventory:
         """The pending reservation of pod ``uid``, if any."""
         return self._reservations.get(uid)
 
+    def claimed_nodes(self, uid: str) -> set[str]:
+        """Nodes where pod ``uid`` holds or reserves devices (a claim not released): there
+        its own devices count as free for it (:func:`extender.scheduling.release_own`)."""
+        out: set[str] = set()
+        h = self._holdings.get(uid)
+        if h is not None and uid not in self._stale:
+            out.add(h.node)
+        res = self._reservations.get(uid)
+        if res is not None:
+            out.add(res.node)
+        return out
+
     def holding(self, uid: str) -> Assignment | None:
         """The confirmed assignment of pod ``uid`` as the watch last saw it, if any."""
         h = self._holdings.get(uid)
         return Assignment(h.node, h.indices) if h is not None else None
 
     def _expire(self) -> None:
+        if self._unbound:
+            self._expire_unbound_claims()
         if not self._reservations:
             return
         now = self._clock()
@@ -415,13 +495,48 @@ class Inventory:
                     extra=ctx(pod=res.key, node=res.node, gpu=",".join(map(str, res.indices))),
                 )
 
+    def _expire_unbound_claims(self) -> None:
+        """Release the claims of pods still unbound past their deadline (rule 2)."""
+        now = self._clock()
+        for uid, deadline in list(self._unbound.items()):
+            if deadline > now or uid in self._reservations:
+                continue  # a bind of ours in flight renews its own reservation
+            del self._unbound[uid]
+            self._stale.add(uid)
+            h = self._holdings[uid]
+            self._dirty.add(h.node)
+            self.stats.claims_released += 1
+            log.warning(
+                "releasing the GPUs claimed by a pod that stayed unbound past the reservation TTL",
+                extra=ctx(pod=h.key, node=h.node, gpu=",".join(map(str, h.indices))),
+            )
+
     # ------------------------------------------------------------------ snapshots
 
-    def _taken(self, node: str) -> dict[int, str]:
+    def _claims(self, node: str) -> dict[str, tuple[int, ...]]:
+        """uid → the devices each pod holds on ``node`` after resolving claims by the
+        module's rule (winners only; released and losing claims absent)."""
+        on = self._on_node.get(node)
+        if not on:
+            return {}
+        holdings = sorted((self._holdings[uid] for uid in on if uid not in self._stale), key=_Holding.order)
         taken: dict[int, str] = {}
-        for uid in self._on_node.get(node, ()):
-            for i in self._holdings[uid].indices:
-                taken.setdefault(i, uid)
+        out: dict[str, tuple[int, ...]] = {}
+        for h in holdings:
+            if h.bound:
+                won = tuple(i for i in h.indices if taken.setdefault(i, h.uid) == h.uid)
+            elif all(i not in taken for i in h.indices):
+                for i in h.indices:
+                    taken[i] = h.uid
+                won = h.indices
+            else:
+                continue
+            if won:
+                out[h.uid] = won
+        return out
+
+    def _taken(self, node: str) -> dict[int, str]:
+        taken = {i: uid for uid, indices in self._claims(node).items() for i in indices}
         for res in self._reservations.values():
             if res.node == node:
                 for i in res.indices:
@@ -431,13 +546,18 @@ class Inventory:
     def _build_view(self, n: _Node) -> NodeView:
         taken = self._taken(n.name)
         holders: dict[str, Holder] = {}
-        for uid in self._on_node.get(n.name, ()):
+        for uid, indices in self._claims(n.name).items():
             h = self._holdings[uid]
             holders[uid] = Holder(
-                uid=uid, key=h.key, indices=h.indices, low=h.low, priority_value=h.priority_value
+                uid=uid,
+                key=h.key,
+                indices=indices,
+                low=h.low,
+                priority_value=h.priority_value,
+                reserved=not h.bound,  # a bind in flight (or interrupted): never a victim
             )
         for res in self._reservations.values():
-            if res.node == n.name:
+            if res.node == n.name and res.uid not in holders:
                 holders[res.uid] = Holder(
                     uid=res.uid, key=res.key, indices=res.indices, low=False, reserved=True
                 )

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from flexlease.api import keys
+from flexlease.api import keys, quantity
 from flexlease.api.resources import DeviceKey
 from flexlease.api.tiers import Tier
 from flexlease.errors import PodSpecError
@@ -61,9 +61,14 @@ class Assignment:
 class GpuRequest:
     """What one pod asks of flexlease, parsed once from its JSON.
 
-    ``count`` is the number of managed GPUs (0 = not a GPU pod: it passes every filter).
-    ``owner`` is ``<ns>/<job>`` or None when the pod has neither the owner label nor a
-    controller. ``assignment`` is the pod's recorded ``assigned-gpus`` (None when unbound).
+    ``count`` is the number of managed GPUs (0 = not a GPU pod: it passes every filter;
+    absurd requests are clamped to ``2**63`` and fit nowhere). ``owner`` is ``<ns>/<job>``
+    or None when the pod has neither the owner label nor a controller. ``assignment`` is the
+    pod's recorded ``assigned-gpus`` (None when it has none) — a claim, not a fact: whoever
+    reads it checks it against the inventory. ``priority_value`` is ``spec.priority`` (0
+    when unset) and ``preempts`` whether ``spec.preemptionPolicy`` lets the pod preempt
+    (kube-scheduler only evicts pods of lower ``priority_value``). ``created`` is
+    ``metadata.creationTimestamp`` (RFC 3339, empty when unset).
     """
 
     namespace: str
@@ -80,6 +85,9 @@ class GpuRequest:
     node_name: str | None
     assignment: Assignment | None
     terminated: bool
+    priority_value: int = 0
+    preempts: bool = True
+    created: str = ""
 
     @property
     def key(self) -> str:
@@ -88,21 +96,12 @@ class GpuRequest:
 
 
 def _int_quantity(value: Any, where: str) -> int:
-    """Extended resources are integers (Kubernetes rejects fractional ones)."""
-    if isinstance(value, bool):
-        raise PodSpecError(f"{where}: {value!r} is not an integer quantity")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str):
-        try:
-            n = int(value.strip())
-        except ValueError as exc:
-            raise PodSpecError(f"{where}: {value!r} is not an integer quantity") from exc
-    else:
-        raise PodSpecError(f"{where}: {value!r} is not an integer quantity")
-    if n < 0:
-        raise PodSpecError(f"{where}: {n} is negative")
-    return n
+    """An extended-resource quantity (Kubernetes grammar, whole and non-negative; see
+    :mod:`flexlease.api.quantity`), e.g. ``"2"``, ``"2k"`` (2,000) or ``"1000m"`` (1)."""
+    try:
+        return quantity.integer_quantity(value)
+    except quantity.QuantityError as exc:
+        raise PodSpecError(f"{where}: {exc}") from exc
 
 
 def _container_gpus(container: Any, resource: str, where: str) -> int:
@@ -156,11 +155,33 @@ def is_terminated(pod: dict[str, Any]) -> bool:
 
 
 def default_owner(meta: dict[str, Any], namespace: str) -> str | None:
-    """``<ns>/<controller name>`` from the controller ownerReference, or None."""
-    for ref in meta.get("ownerReferences") or []:
-        if isinstance(ref, dict) and ref.get("controller") and ref.get("name"):
-            return f"{namespace}/{ref['name']}"
+    """``<ns>/<controller name>`` from the controller ownerReference, or None. Raises
+    :class:`PodSpecError` when ``ownerReferences`` is not a list of objects or a
+    controller reference has no string name."""
+    refs = meta.get("ownerReferences") or []
+    if not isinstance(refs, list):
+        raise PodSpecError("pod.metadata.ownerReferences must be a list")
+    for i, ref in enumerate(refs):
+        if not isinstance(ref, dict):
+            raise PodSpecError(f"pod.metadata.ownerReferences[{i}] must be an object")
+        if ref.get("controller") is True:
+            name = ref.get("name")
+            if not isinstance(name, str) or not name:
+                raise PodSpecError(f"pod.metadata.ownerReferences[{i}].name must be a non-empty string")
+            return f"{namespace}/{name}"
     return None
+
+
+def _typed(obj: dict[str, Any], field: str, kind: type, where: str) -> Any:
+    """``obj[field]`` when absent/null (None) or of JSON type ``kind`` (a bool is no
+    ``int``); else :class:`PodSpecError` naming the field."""
+    value = obj.get(field)
+    if value is None or (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+        return value
+    raise PodSpecError(f"{where}.{field} must be {_JSON_NAMES.get(kind.__name__, kind.__name__)}")
+
+
+_JSON_NAMES: Final = {"str": "a string", "int": "an integer", "dict": "an object", "list": "a list"}
 
 
 def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) -> GpuRequest:
@@ -174,13 +195,11 @@ def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) ->
     meta = pod.get("metadata")
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
         raise PodSpecError("pod.metadata.name is required")
-    namespace = meta.get("namespace") or "default"
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    if not isinstance(labels, dict) or not isinstance(annotations, dict):
-        raise PodSpecError("pod.metadata.labels and annotations must be objects")
-    if not isinstance(namespace, str):
-        raise PodSpecError("pod.metadata.namespace must be a string")
+    namespace = _typed(meta, "namespace", str, "pod.metadata") or "default"
+    uid = _typed(meta, "uid", str, "pod.metadata") or ""
+    created = _typed(meta, "creationTimestamp", str, "pod.metadata") or ""
+    labels = _typed(meta, "labels", dict, "pod.metadata") or {}
+    annotations = _typed(meta, "annotations", dict, "pod.metadata") or {}
     for where, values in (("label", labels), ("annotation", annotations)):
         for k, v in values.items():
             if str(k).startswith(keys.PREFIX) and not isinstance(v, str):
@@ -209,21 +228,24 @@ def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) ->
 
     assignment = None
     if keys.ANN_ASSIGNED_GPUS in annotations:
-        assignment = Assignment.parse(str(annotations[keys.ANN_ASSIGNED_GPUS]))
+        assignment = Assignment.parse(annotations[keys.ANN_ASSIGNED_GPUS])
 
-    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
-    assert isinstance(spec, dict)
-    node_name = spec.get("nodeName")
-    if node_name is not None and not isinstance(node_name, str):
-        raise PodSpecError("pod.spec.nodeName must be a string")
+    spec = _typed(pod, "spec", dict, "pod") or {}
+    _typed(pod, "status", dict, "pod")
+    node_name = _typed(spec, "nodeName", str, "pod.spec")
+    priority_value = _typed(spec, "priority", int, "pod.spec") or 0
+    policy = _typed(spec, "preemptionPolicy", str, "pod.spec")
+    count = pod_gpu_count(pod, resource)  # checks spec.containers / initContainers first
     images = tuple(
-        str(c.get("image")) for c in (spec.get("containers") or []) if isinstance(c, dict) and c.get("image")
+        c["image"]
+        for i, c in enumerate(spec.get("containers") or [])
+        if isinstance(c, dict) and _typed(c, "image", str, f"pod.spec.containers[{i}]")
     )
     return GpuRequest(
         namespace=namespace,
         name=meta["name"],
-        uid=str(meta.get("uid") or ""),
-        count=pod_gpu_count(pod, resource),
+        uid=uid,
+        count=count,
         priority=priority,
         owner=owner,
         required_tier=tier,
@@ -234,6 +256,9 @@ def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) ->
         node_name=node_name or None,
         assignment=assignment,
         terminated=is_terminated(pod),
+        priority_value=priority_value,
+        preempts=policy != "Never",
+        created=created,
     )
 
 

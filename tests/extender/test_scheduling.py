@@ -29,6 +29,8 @@ def request(
     reclaim: bool = False,
     checkpoint: str | None = None,
     images: tuple[str, ...] = (),
+    priority_value: int = 0,
+    preempts: bool = True,
 ) -> GpuRequest:
     return GpuRequest(
         namespace="ml",
@@ -45,6 +47,8 @@ def request(
         node_name=None,
         assignment=None,
         terminated=False,
+        priority_value=priority_value,
+        preempts=preempts,
     )
 
 
@@ -110,13 +114,13 @@ def test_pod_asking_more_gpus_than_the_node_has_is_unresolvable_with_a_clear_rea
     v = scheduling.check_node(request(16), node())
     assert v.code is Code.UNRESOLVABLE
     assert v.cause is scheduling.Cause.TOO_FEW_GPUS
-    assert v.reason == "pod needs 16 GPUs; node has 8 GPUs in total"
+    assert v.reason == "node(s) had fewer than 16 GPUs in total"
 
 
 def test_wrong_gpu_type_is_unresolvable() -> None:
     v = scheduling.check_node(request(1, gpu_type=A100), node())
     assert v.code is Code.UNRESOLVABLE
-    assert "type 'NVIDIA A100'" in v.reason
+    assert v.reason == "node(s) had no GPU of type NVIDIA A100"
 
 
 def test_tier_below_requirement_is_not_usable() -> None:
@@ -124,7 +128,9 @@ def test_tier_below_requirement_is_not_usable() -> None:
     assert scheduling.check_node(request(1, tier=Tier.HA), n).ok
     v = scheduling.check_node(request(2, tier=Tier.HA), n)
     assert v.code is Code.UNRESOLVABLE
-    assert v.reason == "pod needs 2 GPUs with tier >= HA; not enough usable here (some are below tier HA)"
+    assert v.reason == (
+        "node(s) had fewer than 2 healthy GPUs at tier HA or above open to this pod (others below tier HA)"
+    )
     assert scheduling.choose_devices(request(3, tier=Tier.MA), n) == (0, 1, 2)
     # the lowest adequate tier goes first, so HA stays for pods that need it
     assert scheduling.choose_devices(request(1, tier=Tier.MA), n) == (1,)
@@ -134,7 +140,7 @@ def test_unhealthy_devices_are_never_usable() -> None:
     n = node(gpus=2, unhealthy={0})
     assert scheduling.choose_devices(request(1), n) == (1,)
     v = scheduling.check_node(request(2), n)
-    assert v.code is Code.UNRESOLVABLE and "(some are unhealthy)" in v.reason
+    assert v.code is Code.UNRESOLVABLE and v.reason.endswith("(others unhealthy)")
 
 
 def test_hp_pod_uses_only_untagged_or_its_own_tagged_gpus() -> None:
@@ -164,9 +170,20 @@ def test_hp_reclaim_pod_takes_its_own_tagged_gpus_first() -> None:
 
 def test_held_by_low_priority_pods_is_unschedulable_preemption_may_help() -> None:
     n = node(gpus=2, held={0: "lp-1", 1: "lp-2"})
-    v = scheduling.check_node(hp(2), n)
+    v = scheduling.check_node(hp(2, priority_value=1000), n)
     assert v.code is Code.UNSCHEDULABLE
-    assert v.reason == "pod needs 2 GPUs; usable GPUs are held by low-priority pods (preemption may help)"
+    assert v.reason == "node(s) had fewer than 2 free GPUs; preemptable lower-priority pods hold the rest"
+
+
+def test_preemption_helps_only_a_pod_that_may_preempt_the_holders() -> None:
+    """kube-scheduler evicts only pods of lower spec.priority, and never for a pod with
+    preemptionPolicy Never: otherwise "preemption may help" would send it on a futile pass."""
+    n = node(gpus=2, held={0: "lp-1", 1: "lp-2"})  # held by LP pods of priority 0
+    for pod in (hp(1), request(1), hp(1, priority_value=1000, preempts=False)):
+        v = scheduling.check_node(pod, n)
+        assert v.code is Code.UNRESOLVABLE and v.cause is scheduling.Cause.HELD, pod
+        assert v.reason == "node(s) had no free GPU; pods this pod cannot preempt hold the rest"
+    assert scheduling.check_node(request(1, priority_value=1), n).code is Code.UNSCHEDULABLE
 
 
 def test_held_by_high_priority_pods_is_unresolvable() -> None:
@@ -236,7 +253,7 @@ def test_scores_prefer_own_tags_then_cache_then_packing() -> None:
     packed = node("packed", held={i: f"x{i}" for i in range(6)})
     empty = node("empty")
     scores = {n.name: scheduling.score_node(pod, n) for n in (own, cached, image, packed, empty)}
-    assert scores["own"] > scores["cached"] > scores["image"] >= scores["packed"] > scores["empty"]
+    assert scores["own"] > scores["cached"] > scores["image"] > scores["packed"] >= scores["empty"]
     assert all(0 <= s <= 10 for s in scores.values())
 
 

@@ -56,19 +56,21 @@ ALL = ["n-free", "n-busy", "n-a100", "n-owned", "s-1", "n-cpu-only"]
 async def test_filter_reply_shape_and_verdicts(start: Any, store: MemoryStore) -> None:
     await seed_cluster(store)
     client = await start()
-    body = payloads.extender_args(payloads.pod("p", gpus=2, priority="high", gpu_type=payloads.H20), ALL)
-    reply = await post(client, "filter", body)
+    pod = payloads.pod("p", gpus=2, priority="high", gpu_type=payloads.H20, spec_priority=1000)
+    reply = await post(client, "filter", payloads.extender_args(pod, ALL))
     assert set(reply) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
     assert reply["Nodes"] is None and reply["Error"] == ""
     # n-owned: GPUs 0-1 are tagged for ml/online, another owner; the 2 untagged ones fit
     assert reply["NodeNames"] == ["n-free", "n-owned"]
     assert reply["FailedNodes"] == {
-        "n-busy": "pod needs 2 GPUs; usable GPUs are held by low-priority pods (preemption may help)"
+        "n-busy": "node(s) had fewer than 2 free GPUs of type NVIDIA H20; "
+        "preemptable lower-priority pods hold the rest"
     }
-    unresolvable = reply["FailedAndUnresolvableNodes"]
-    assert "type 'NVIDIA H20'" in unresolvable["n-a100"]
-    assert "standby" in unresolvable["s-1"]
-    assert "no GPUNode" in unresolvable["n-cpu-only"]
+    assert reply["FailedAndUnresolvableNodes"] == {
+        "n-a100": "node(s) had fewer than 2 GPUs of type NVIDIA H20",
+        "s-1": "node(s) were in the standby pool, which only reclaim pods (flexlease.io/reclaim=true) may use",
+        "n-cpu-only": "node(s) had no flexlease GPUNode (no agent reports their GPUs)",
+    }
 
 
 async def test_filter_hp_pod_cannot_use_another_owners_tags(start: Any, store: MemoryStore) -> None:
@@ -77,7 +79,9 @@ async def test_filter_hp_pod_cannot_use_another_owners_tags(start: Any, store: M
     pod = payloads.pod("p", gpus=3, priority="high", owner="other")
     reply = await post(client, "filter", payloads.extender_args(pod, ["n-owned"]))
     assert reply["NodeNames"] == []
-    assert "(some are tagged for another owner)" in reply["FailedAndUnresolvableNodes"]["n-owned"]
+    assert reply["FailedAndUnresolvableNodes"]["n-owned"] == (
+        "node(s) had fewer than 3 healthy GPUs open to this pod (others tagged for another owner)"
+    )
     own = payloads.pod("q", gpus=3, priority="high", owner="online")  # label value completes to ml/online
     reply = await post(client, "filter", payloads.extender_args(own, ["n-owned"]))
     assert reply["NodeNames"] == ["n-owned"]
@@ -88,8 +92,9 @@ async def test_pod_asking_more_gpus_than_any_node_has(start: Any, store: MemoryS
     client = await start()
     reply = await post(client, "filter", payloads.extender_args(payloads.pod("huge", gpus=16), ALL[:4]))
     assert reply["NodeNames"] == [] and reply["FailedNodes"] == {}
-    assert reply["FailedAndUnresolvableNodes"]["n-free"] == "pod needs 16 GPUs; node has 8 GPUs in total"
-    assert reply["FailedAndUnresolvableNodes"]["n-busy"] == "pod needs 16 GPUs; node has 2 GPUs in total"
+    # one reason for both: kube-scheduler aggregates them as "2 node(s) had fewer than 16 GPUs in total"
+    assert reply["FailedAndUnresolvableNodes"]["n-free"] == "node(s) had fewer than 16 GPUs in total"
+    assert reply["FailedAndUnresolvableNodes"]["n-busy"] == "node(s) had fewer than 16 GPUs in total"
 
 
 async def test_pods_without_managed_gpus_pass_untouched(start: Any, store: MemoryStore) -> None:
@@ -140,7 +145,7 @@ async def test_reclaim_pod_uses_standby_only_on_shortfall(start: Any, store: Mem
 async def test_watch_changes_reach_filter(start: Any, store: MemoryStore) -> None:
     await seed_cluster(store)
     client = await start()
-    pod = payloads.pod("p", gpus=1, priority="high", owner="x")
+    pod = payloads.pod("p", gpus=1, priority="high", owner="x", spec_priority=1000)
     assert (await post(client, "filter", payloads.extender_args(pod, ["n-busy"])))["FailedNodes"]
     await store.delete(Kind.POD, "lp-1", namespace="ml")
     after = await store.patch(
@@ -153,7 +158,7 @@ async def test_watch_changes_reach_filter(start: Any, store: MemoryStore) -> Non
     await eventually(lambda: client.app[server.INVENTORY].summary()["pods"] == 1)
     reply = await post(client, "filter", payloads.extender_args(pod, ["n-busy", "n-free"]))
     assert reply["NodeNames"] == ["n-busy"]
-    assert "(some are unhealthy)" in reply["FailedAndUnresolvableNodes"]["n-free"]
+    assert reply["FailedAndUnresolvableNodes"]["n-free"].endswith("(others unhealthy)")
 
 
 class SlowListStore(MemoryStore):
@@ -494,7 +499,7 @@ async def test_healthz_and_readyz(start: Any, store: MemoryStore) -> None:
 async def test_metrics_expose_latency_decisions_and_inventory(start: Any, store: MemoryStore) -> None:
     await seed_cluster(store)
     client = await start()
-    await post(client, "filter", payloads.extender_args(payloads.pod("p", gpus=2), ALL))
+    await post(client, "filter", payloads.extender_args(payloads.pod("p", gpus=2, spec_priority=1), ALL))
     await client.post("/filter", data=b"{")
     text = await (await client.get("/metrics")).text()
     assert 'flexlease_extender_request_duration_seconds_count{status="200",verb="filter"} 1.0' in text

@@ -133,6 +133,10 @@ def test_assume_confirm() -> None:
     assert inv.stats.confirmed == 1
     assert holders_of(inv, "n1")[0] == "u-a"
     view = inv.snapshot().get("n1")
+    assert view is not None and view.holders["u-a"].reserved, "annotated but unbound: a bind in flight"
+    bound = payloads.pod("a", uid="u-a", annotations=payloads.assigned("n1", 0, 1), gpus=2, node_name="n1")
+    inv.apply_pod_event(WatchEvent(EventType.MODIFIED, bound))
+    view = inv.snapshot().get("n1")
     assert view is not None and not view.holders["u-a"].reserved
 
 

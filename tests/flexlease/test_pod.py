@@ -106,8 +106,35 @@ def test_namespace_defaults_and_owner_may_be_absent() -> None:
         ),
         (
             lambda p: p["spec"]["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": True}),
-            "integer",
+            "not a quantity",
         ),
+        (
+            lambda p: p["spec"]["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "1_000"}),
+            "not a quantity",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["resources"]["limits"].update({"nvidia.com/gpu": "1500m"}),
+            "whole number",
+        ),
+        # wrong JSON types in every field the extender reads (found by fuzzing: TypeErrors)
+        (lambda p: p["metadata"].update({"ownerReferences": 7}), "ownerReferences must be a list"),
+        (
+            lambda p: p["metadata"].update({"ownerReferences": ["x"]}),
+            r"ownerReferences\[0\] must be an object",
+        ),
+        (
+            lambda p: p["metadata"].update({"ownerReferences": [{"controller": True, "name": 3}]}),
+            r"ownerReferences\[0\].name",
+        ),
+        (lambda p: p["metadata"].update({"uid": {"a": 1}}), "uid must be a string"),
+        (lambda p: p["metadata"].update({"labels": []}), "labels must be an object"),
+        (lambda p: p["metadata"].update({"namespace": 5}), "namespace must be a string"),
+        (lambda p: p["spec"].update({"priority": "high"}), "priority must be an integer"),
+        (lambda p: p["spec"].update({"priority": True}), "priority must be an integer"),
+        (lambda p: p["spec"].update({"preemptionPolicy": 0}), "preemptionPolicy must be a string"),
+        (lambda p: p["spec"].update({"nodeName": ["n"]}), "nodeName must be a string"),
+        (lambda p: p["spec"]["containers"][0].update({"image": 5}), "image must be a string"),
+        (lambda p: p.update({"status": "Running"}), "status must be an object"),
         (lambda p: p["spec"].update({"containers": {"a": 1}}), "lists"),
         (lambda p: p["metadata"].pop("name"), "metadata.name"),
         (lambda p: p.pop("spec"), "pod.spec"),
@@ -119,6 +146,22 @@ def test_malformed_pods_raise_a_request_error(mutate, message: str) -> None:  # 
     with pytest.raises(PodSpecError, match=message) as info:
         parse_pod(pod)
     assert isinstance(info.value, RequestError)
+
+
+def test_gpu_counts_in_canonical_quantity_forms() -> None:
+    """kube-scheduler forwards Go's canonical Quantity strings: 2,000 GPUs arrive as "2k"."""
+    for value, want in (("2", 2), ("2k", 2000), ("1000m", 1), (3, 3), ("1e3", 1000), (" 4 ", 4)):
+        pod = make_pod()
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = value
+        assert parse_pod(pod).count == want
+
+
+def test_priority_and_preemption_policy_are_read() -> None:
+    pod = make_pod()
+    assert parse_pod(pod).priority_value == 0 and parse_pod(pod).preempts
+    pod["spec"].update({"priority": 1000, "preemptionPolicy": "Never"})
+    req = parse_pod(pod)
+    assert req.priority_value == 1000 and not req.preempts
 
 
 def test_assignment_round_trip() -> None:
