@@ -434,3 +434,130 @@ def test_victims_are_lp_and_make_the_pod_fit(req: GpuRequest, n: NodeView, propo
         memo={},
     )
     assert scheduling.choose_devices(req, after) is not None
+
+
+# --------------------------------------------------------------------------- scores: no rounding erases a preference
+
+
+def test_lp_prefers_untagged_gpus_even_when_few_are_free() -> None:
+    """Finding 5: two otherwise equal nodes with 2 free GPUs each used to score 1 and 1."""
+    pod = request(2)
+    tagged = node("tagged", held={i: f"x{i}" for i in range(6)}, owners={6: "ml/a", 7: "ml/a"})
+    untagged = node("untagged", held={i: f"x{i}" for i in range(6)})
+    assert scheduling.score_node(pod, untagged) > scheduling.score_node(pod, tagged)
+
+
+def test_banded_score_bands() -> None:
+    assert [scheduling.banded_score([(r, 9)], 0.0) for r in range(9)] == list(range(1, 10))
+    assert scheduling.banded_score([(8, 9)], 1.0) == 10
+    assert scheduling.banded_score([], 0.0) == 1 and scheduling.banded_score([], 1.0) == 10
+    assert scheduling.banded_score([(2, 3), (1, 2)], 1.0) == 10
+
+
+def oracle(req: GpuRequest, n: NodeView) -> tuple[tuple[int, ...], float]:
+    """The preference order of DESIGN §3 computed from the devices directly: the discrete
+    levels (own tagged GPUs for an HP reclaim pod › cache › untagged for LP) and packing."""
+    key = FitKey.of(req)
+    usable_free = [d for d in n.devices if scheduling.device_usable(key, d)]
+    levels: list[int] = []
+    if req.reclaim and req.priority is Priority.HIGH and req.owner is not None:
+        own = min(sum(d.owner == req.owner for d in usable_free), req.count)
+        levels.append(0 if own == 0 else 2 if own == req.count else 1)
+    cached = 2 if req.checkpoint in n.checkpoints else 1 if set(req.images) & n.images else 0
+    levels.append(cached)
+    if req.priority is Priority.LOW:
+        levels.append(int(sum(d.owner is None for d in usable_free) >= req.count))
+    left = sum(d.healthy and d.holder is None for d in n.devices) - req.count
+    return tuple(levels), 1 - left / len(n.devices)
+
+
+@st.composite
+def scored_nodes(draw: st.DrawFn, name: str) -> NodeView:
+    gpus = draw(st.integers(2, 8))
+    devices = tuple(
+        DeviceView(
+            index=i,
+            uuid=f"GPU-{name}-{i}",
+            model=H20,
+            tier=draw(st.sampled_from([Tier.MA, Tier.HA])),
+            healthy=i % 3 != 0 or draw(st.booleans()),
+            owner=draw(st.sampled_from(OWNERS)),
+            holder=draw(st.sampled_from([None, None, "lp"])),
+        )
+        for i in range(gpus)
+    )
+    held = tuple(d.index for d in devices if d.holder)
+    holders = {"lp": Holder(uid="lp", key="ml/lp", indices=held, low=True)} if held else {}
+    return NodeView(
+        name=name,
+        pool=Pool.GENERAL,
+        generation=1,
+        devices=devices,
+        images=draw(st.sampled_from([frozenset(), frozenset({"img:1"})])),
+        checkpoints=draw(st.sampled_from([frozenset(), frozenset({"ckpt-7"})])),
+        holders=MappingProxyType(holders),
+    )
+
+
+scored_requests = st.builds(
+    request,
+    st.integers(1, 3),
+    priority=st.sampled_from(list(Priority)),
+    owner=st.sampled_from(OWNERS),
+    tier=st.sampled_from([Tier.LA, Tier.MA]),
+    reclaim=st.booleans(),
+    checkpoint=st.sampled_from([None, "ckpt-7"]),
+    images=st.sampled_from([(), ("img:1",)]),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(req=scored_requests, a=scored_nodes("a"), b=scored_nodes("b"))
+def test_scores_never_erase_or_invert_a_preference(req: GpuRequest, a: NodeView, b: NodeView) -> None:
+    """Finding 5: on any two nodes that fit, a node better at a discrete level (own tags ›
+    cache › untagged for LP) scores strictly higher; better packing alone never scores lower."""
+    if not (scheduling.check_node(req, a).ok and scheduling.check_node(req, b).ok):
+        return
+    (la, pa), (lb, pb) = oracle(req, a), oracle(req, b)
+    sa, sb = scheduling.score_node(req, a), scheduling.score_node(req, b)
+    assert 1 <= sa <= scheduling.MAX_SCORE and 1 <= sb <= scheduling.MAX_SCORE
+    if la != lb:
+        assert (sa > sb) == (la > lb), (la, lb, sa, sb)
+    elif pa > pb:
+        assert sa >= sb
+    elif pa == pb:
+        assert sa == sb
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def test_release_own_frees_the_pods_own_devices_only() -> None:
+    n = node(gpus=4, held={0: "me", 1: "me", 2: "other", 3: "other"})
+    mine = scheduling.release_own(n, "me")
+    assert [d.holder for d in mine.devices] == [None, None, "other", "other"]
+    assert "me" not in mine.holders and "other" in mine.holders
+    assert scheduling.release_own(n, "nobody") is n
+    assert scheduling.choose_devices(request(2), mine) == (0, 1)
+    assert not scheduling.check_node(request(2), n).ok, "its own claim stood in its way"
+
+
+def test_claim_problem_checks_every_device_against_the_inventory() -> None:
+    """Finding 3: an annotation names devices; each is checked, nothing is taken on trust."""
+    n = node(
+        gpus=8,
+        tiers=[Tier.HA, Tier.HA, Tier.HA, Tier.LA, Tier.HA, Tier.HA, Tier.HA, Tier.HA],
+        owners={4: "ml/other"},
+        unhealthy={2},
+        held={1: "other-pod"},
+    )
+    pod = hp(2, owner="ml/online", tier=Tier.HA)
+    assert scheduling.claim_problem(pod, n, (0, 5)) is None
+    assert scheduling.claim_problem(pod, n, (0, 1)) == "GPU 1 is held by pod ml/other-pod"
+    assert scheduling.claim_problem(pod, n, (0, 2)) == "GPU 2 is unhealthy"
+    assert scheduling.claim_problem(pod, n, (0, 3)) == "GPU 3 is at tier LA, the pod needs HA or above"
+    assert scheduling.claim_problem(pod, n, (0, 4)) == "GPU 4 is tagged for ml/other"
+    assert scheduling.claim_problem(pod, n, (0, 9)) == "n1 has no GPU 9"
+    assert scheduling.claim_problem(pod, n, (0,)) == "it names 1 GPU, the pod needs 2"
+    typed = hp(2, owner="ml/online", gpu_type=A100)
+    assert scheduling.claim_problem(typed, n, (0, 5)) == "GPU 0 is a NVIDIA H20, the pod needs a NVIDIA A100"

@@ -227,3 +227,90 @@ def test_device_counts_for_gauges() -> None:
         ("free", "MA", payloads.H20): 1,
         ("unhealthy", "LA", payloads.H20): 1,
     }
+
+
+# --------------------------------------------------------------------------- claims: one written rule
+
+
+def claim(name: str, node: str, *indices: int, uid: str, bound: bool, created: str) -> WatchEvent:
+    """A pod carrying ``assigned-gpus`` for ``indices`` on ``node``, bound there or not."""
+    pod = payloads.pod(
+        name,
+        uid=uid,
+        node_name=node if bound else None,
+        phase="Running" if bound else "Pending",
+        annotations=payloads.assigned(node, *indices),
+        gpus=len(indices),
+    )
+    pod["metadata"]["creationTimestamp"] = created
+    return WatchEvent(EventType.ADDED, pod)
+
+
+def test_a_bound_pod_keeps_a_gpu_an_unbound_copy_claims(caplog: pytest.LogCaptureFixture) -> None:
+    """Finding 3 on re-list: a copied YAML (unbound, same annotation) loses its whole claim."""
+    inv = inventory()
+    inv.apply_pod_event(claim("run", "n1", 0, 1, uid="u-run", bound=True, created="2026-11-21T10:00:00Z"))
+    with caplog.at_level(logging.WARNING, logger="extender.state"):
+        inv.apply_pod_event(
+            claim("copy", "n1", 1, 2, uid="u-copy", bound=False, created="2026-11-21T09:00:00Z")
+        )
+    assert holders_of(inv, "n1") == {0: "u-run", 1: "u-run", **dict.fromkeys(range(2, 8))}
+    assert inv.stats.claim_conflicts == 1
+    (record,) = [r for r in caplog.records if "two pods claim the same GPU" in r.getMessage()]
+    assert "ml/run keeps it (bound), ml/copy loses its claim" in record.getMessage()
+    assert record.__dict__["pod"] == "ml/copy" and record.__dict__["other"] == "ml/run"
+    assert record.__dict__["gpu"] == "1"
+
+
+def test_between_bound_pods_the_one_created_first_keeps_the_gpu() -> None:
+    inv = inventory()
+    inv.apply_pod_event(claim("late", "n1", 0, 1, uid="u-late", bound=True, created="2026-11-21T11:00:00Z"))
+    inv.apply_pod_event(claim("early", "n1", 0, 2, uid="u-early", bound=True, created="2026-11-21T10:00:00Z"))
+    held = holders_of(inv, "n1")
+    assert held[0] == "u-early" and held[2] == "u-early"
+    assert held[1] == "u-late", "the later pod runs: it keeps its other GPU"
+    # the same answer whatever the order the events came in (a re-list)
+    again = inventory()
+    again.replace_pods(
+        [
+            claim("early", "n1", 0, 2, uid="u-early", bound=True, created="2026-11-21T10:00:00Z").object,
+            claim("late", "n1", 0, 1, uid="u-late", bound=True, created="2026-11-21T11:00:00Z").object,
+        ]
+    )
+    assert holders_of(again, "n1") == held
+
+
+def test_claims_of_pods_unbound_past_the_ttl_are_released(caplog: pytest.LogCaptureFixture) -> None:
+    """Finding 4: a bind interrupted between the annotation and the Binding leaked its GPUs."""
+    clock = Clock()
+    inv = inventory(clock)
+    inv.apply_pod_event(claim("stuck", "n2", 0, 1, uid="u-stuck", bound=False, created="t"))
+    assert holders_of(inv, "n2")[0] == "u-stuck"
+    view = inv.snapshot().get("n2")
+    assert view is not None and view.holders["u-stuck"].reserved, "an unbound claim is never a victim"
+    assert inv.claimed_nodes("u-stuck") == {"n2"}
+    clock.now += 29
+    assert holders_of(inv, "n2")[0] == "u-stuck"
+    clock.now += 2
+    with caplog.at_level(logging.WARNING, logger="extender.state"):
+        assert holders_of(inv, "n2") == dict.fromkeys(range(4))
+    assert inv.stats.claims_released == 1
+    assert "stayed unbound past the reservation TTL" in caplog.text
+    assert inv.claimed_nodes("u-stuck") == set()
+    # bound later (someone else's Binding): the claim counts again
+    inv.apply_pod_event(claim("stuck", "n2", 0, 1, uid="u-stuck", bound=True, created="t"))
+    assert holders_of(inv, "n2")[0] == "u-stuck"
+
+
+def test_our_own_bind_in_flight_is_not_released_while_its_reservation_lives() -> None:
+    clock = Clock()
+    inv = inventory(clock)
+    inv.assume(uid="u-a", key="ml/a", node="n2", indices=(0,))
+    inv.apply_pod_event(claim("a", "n2", 0, uid="u-a", bound=False, created="t"))  # confirms
+    assert inv.reservation("u-a") is None
+    clock.now += 29
+    assert holders_of(inv, "n2")[0] == "u-a"
+    inv.apply_pod_event(claim("a", "n2", 0, uid="u-a", bound=True, created="t"))
+    clock.now += 100
+    assert holders_of(inv, "n2")[0] == "u-a"
+    assert inv.stats.claims_released == 0
