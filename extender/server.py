@@ -376,7 +376,8 @@ async def filter_verb(request: web.Request) -> web.Response:
                 continue
             if failed.pop(name, None) is not None or unresolvable.pop(name, None) is not None:
                 passed.append(name)
-        return _json(_filter_reply(args, passed, failed, unresolvable))
+        keep = set(passed)
+        return _json(_filter_reply(args, [n for n in names if n in keep], failed, unresolvable))
     if args.node_names is None and args.nodes is not None:
         return _json(_filter_reply(args, result.passed, result.failed, result.unresolvable))
     return web.Response(body=result.encode(), content_type="application/json")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ from flexlease.errors import StoreError
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
 from tests.extender import payloads
-from tests.extender.conftest import add_node, add_pod, eventually
+from tests.extender.conftest import add_node, add_pod, eventually, make_settings, synced
+from tests.extender.test_server import post
 
 
 class FlakyStore(MemoryStore):
@@ -135,3 +137,143 @@ async def test_bind_to_a_node_without_gpunode_or_to_standby(start: Any, store: F
     assert "node n9 has no GPUNode" in await bind(client, pod, "n9")
     assert "standby-pool node" in await bind(client, pod, "s1")
     assert keys.ANN_ASSIGNED_GPUS not in await annotations(store, "p")
+
+
+# --------------------------------------------------------------------------- untrusted claims (finding 3)
+
+
+async def seed_checked_node(store: FlakyStore) -> JsonObj:
+    """n1: 8 GPUs; 0-1 held by a running pod, 2 unhealthy, 3 at tier LA, 4 tagged for
+    ml/other; 5-7 free and fine. Returns the running pod."""
+    await add_node(
+        store,
+        payloads.gpunode(
+            "n1",
+            tiers=["HA", "HA", "HA", "LA", "HA", "HA", "HA", "HA"],
+            owners={4: "ml/other"},
+            unhealthy={2},
+        ),
+    )
+    return await add_pod(
+        store,
+        payloads.pod(
+            "run", node_name="n1", phase="Running", annotations=payloads.assigned("n1", 0, 1), gpus=2
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("claimed", "problem"),
+    [
+        ((0, 1), "GPU 0 is held by pod ml/run"),  # a running pod's YAML, copied
+        ((2, 5), "GPU 2 is unhealthy"),
+        ((3, 5), "GPU 3 is at tier LA, the pod needs HA or above"),
+        ((4, 5), "GPU 4 is tagged for ml/other"),  # another owner's lent GPU, for an HP pod
+        ((5, 99), "n1 has no GPU 99"),
+        ((5,), "it names 1 GPU, the pod needs 2"),  # a 2-GPU pod holding one device
+    ],
+)
+async def test_a_claim_that_does_not_check_out_is_chosen_afresh(
+    start: Any,
+    store: FlakyStore,
+    caplog: pytest.LogCaptureFixture,
+    claimed: tuple[int, ...],
+    problem: str,
+) -> None:
+    running = await seed_checked_node(store)
+    client = await start()
+    await synced(client, Kind.POD, running)
+    pod = await add_pod(
+        store,
+        payloads.pod(
+            "p",
+            gpus=2,
+            priority="high",
+            owner="online",
+            tier="HA",
+            annotations=payloads.assigned("n1", *claimed),
+        ),
+    )
+    await synced(client, Kind.POD, pod)
+    with caplog.at_level(logging.WARNING, logger="extender.binder"):
+        assert await bind(client, pod) == ""
+    assert f"pod's existing assigned-gpus cannot be kept ({problem}); choosing GPUs afresh" in caplog.text
+    ann = await annotations(store, "p")
+    assert ann[keys.ANN_ASSIGNED_GPUS] == "n1:5,6"
+    assert ann[keys.ANN_ASSIGNED_UUIDS] == payloads.assigned("n1", 5, 6)[keys.ANN_ASSIGNED_UUIDS]
+    inv = client.app[server.INVENTORY]
+    await eventually(
+        lambda: (inv.snapshot().get("n1") or _never()).devices[5].holder == pod["metadata"]["uid"]
+    )
+    view = inv.snapshot().get("n1")
+    assert view is not None and [d.holder for d in view.devices[:2]] == [running["metadata"]["uid"]] * 2
+
+
+def _never() -> Any:
+    raise AssertionError("node vanished")
+
+
+async def test_a_copied_claim_on_a_full_node_fails_with_a_clear_error(start: Any, store: FlakyStore) -> None:
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    running = await add_pod(
+        store,
+        payloads.pod(
+            "run", node_name="n1", phase="Running", annotations=payloads.assigned("n1", 0, 1), gpus=2
+        ),
+    )
+    client = await start()
+    copy = await add_pod(store, payloads.pod("copy", gpus=2, annotations=payloads.assigned("n1", 0, 1)))
+    await synced(client, Kind.POD, copy)
+    error = await bind(client, copy)
+    assert error.startswith("no longer fits on n1: node(s) had fewer than 2 free GPUs")
+    stored = await store.get(Kind.POD, "copy", namespace="ml")
+    assert "nodeName" not in stored["spec"]
+    inv = client.app[server.INVENTORY]
+    view = inv.snapshot().get("n1")
+    assert view is not None and {d.holder for d in view.devices} == {running["metadata"]["uid"]}
+    assert inv.stats.claim_conflicts == 1
+
+
+async def test_a_valid_leftover_claim_is_finished_without_rewriting(start: Any, store: FlakyStore) -> None:
+    await add_node(store, payloads.gpunode("n1", gpus=4))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=2, annotations=payloads.assigned("n1", 2, 3)))
+    await synced(client, Kind.POD, pod)
+    assert await bind(client, pod) == ""
+    stored = await store.get(Kind.POD, "p", namespace="ml")
+    assert stored["metadata"]["annotations"] == pod["metadata"]["annotations"], "only the Binding was missing"
+    assert stored["spec"]["nodeName"] == "n1"
+
+
+# --------------------------------------------------------------------------- half-finished binds (finding 4)
+
+
+async def test_an_interrupted_bind_does_not_strand_its_pod_and_its_claim_expires(
+    start: Any, store: FlakyStore
+) -> None:
+    """The annotation was written, the Binding never created (the extender crashed between):
+    the pod's own claim is free for it in filter, prioritize and bind; for other pods the GPUs
+    stay taken until the reservation TTL, then they are released."""
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    await add_node(store, payloads.gpunode("n2", gpus=2))
+    client = await start(app_settings=make_settings(reservation_ttl_seconds=0.5))
+    stuck = await add_pod(
+        store, payloads.pod("stuck", gpus=2, spec_priority=1000, annotations=payloads.assigned("n1", 0, 1))
+    )
+    await synced(client, Kind.POD, stuck)
+    reply = await post(client, "filter", payloads.extender_args(stuck, ["n1", "n2"]))
+    assert reply["NodeNames"] == ["n1", "n2"]
+    assert reply["FailedNodes"] == {} and reply["FailedAndUnresolvableNodes"] == {}
+    scores = await post(client, "prioritize", payloads.extender_args(stuck, ["n1", "n2"]))
+    assert scores[0]["Score"] == scores[1]["Score"] > 0
+    other = payloads.pod("other", gpus=2, spec_priority=1000)
+    reply = await post(client, "filter", payloads.extender_args(other, ["n1"]))
+    assert reply["FailedAndUnresolvableNodes"] == {
+        "n1": "node(s) had fewer than 2 free GPUs; pods this pod cannot preempt hold the rest"
+    }, "a bind in flight is never a victim"
+    inv = client.app[server.INVENTORY]
+    await eventually(lambda: inv.snapshot() is not None and inv.stats.claims_released == 1)
+    reply = await post(client, "filter", payloads.extender_args(other, ["n1"]))
+    assert reply["NodeNames"] == ["n1"]
+    assert await bind(client, stuck) == ""
+    assert (await annotations(store, "stuck"))[keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
