@@ -99,10 +99,12 @@ class _Disconnected(Exception):
 class _Reject(Exception):
     """Internal: a 4xx/503 to answer, with a bounded ``reason`` label for metrics."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, *, close: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.close = close
+        """Close the connection after answering (its request stream is broken)."""
 
 
 def create_app(
@@ -194,7 +196,10 @@ async def _error_middleware(
     try:
         return await handler(request)
     except _Reject as exc:
-        return _reject(request, exc.status, exc.reason, str(exc))
+        response = _reject(request, exc.status, exc.reason, str(exc))
+        if exc.close:
+            response.force_close()
+        return response
     except _Disconnected as exc:
         log.debug("client disconnected before sending its whole request: %s", exc, extra=ctx(verb=verb))
         return web.Response(status=400)
@@ -277,11 +282,11 @@ async def _read_json(request: web.Request) -> Any:
     except web.HTTPRequestEntityTooLarge:
         raise
     except web.RequestPayloadError as exc:
-        # Mark the body consumed, so aiohttp does not read (and log) the broken stream again.
+        # The connection cannot carry another request: close it after answering, and mark
+        # the body consumed so that aiohttp does not read the broken stream again (and log).
         request.content.feed_eof()
-        raise _Reject(
-            400, "bad_encoding", f"cannot read the request body: {exc.args[0] if exc.args else exc}"
-        ) from exc
+        message = str(exc).strip().splitlines()[-1].strip()
+        raise _Reject(400, "bad_encoding", f"cannot read the request body: {message}", close=True) from exc
     except ConnectionError as exc:
         raise _Disconnected(str(exc)) from exc
     try:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from extender import server
 from flexlease.api import keys
@@ -554,3 +557,307 @@ async def test_extra_contexts_run_with_the_app(aiohttp_client: Any, store: Memor
     assert events == ["start"]
     await client.close()
     assert events == ["start", "stop"]
+
+
+# --------------------------------------------------------------------------- quantities (finding 6)
+
+
+def with_gpus(value: Any, **kw: Any) -> dict[str, Any]:
+    pod = payloads.pod("q", **kw)
+    for field in ("limits", "requests"):
+        pod["spec"]["containers"][0]["resources"][field][keys.DEFAULT_GPU_RESOURCE] = value
+    return pod
+
+
+async def test_canonical_quantities_are_read_and_absurd_requests_do_not_fit(
+    start: Any, store: MemoryStore
+) -> None:
+    await seed_cluster(store)
+    client = await start()
+    reply = await post(client, "filter", payloads.extender_args(with_gpus("2k"), ["n-free", "n-busy"]))
+    assert reply["NodeNames"] == [] and reply["FailedNodes"] == {}
+    assert set(reply["FailedAndUnresolvableNodes"].values()) == {"node(s) had fewer than 2000 GPUs in total"}
+    for value in ("1000m", "+1", 1, "1e0"):
+        reply = await post(client, "filter", payloads.extender_args(with_gpus(value), ["n-free"]))
+        assert reply["NodeNames"] == ["n-free"], value
+
+
+@pytest.mark.parametrize("value", ["1_000", "１", "1K", "1e", "0.5", "-1", "NaN", True])
+async def test_quantities_the_api_server_refuses_are_400(start: Any, store: MemoryStore, value: Any) -> None:
+    await seed_cluster(store)
+    client = await start()
+    resp = await client.post("/filter", json=payloads.extender_args(with_gpus(value), ["n-free"]))
+    assert resp.status == 400
+    assert "spec.containers[0].resources.limits[nvidia.com/gpu]" in (await resp.json())["Error"]
+
+
+# --------------------------------------------------------------------------- malformed bodies (finding 7)
+
+
+def nested(depth: int) -> bytes:
+    return b'{"Pod": ' + b"[" * depth + b"]" * depth + b', "NodeNames": []}'
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "needle"),
+    [
+        (nested(1000), {}, "nests deeper than 100 levels"),  # RecursionError, was a 500
+        (nested(150), {}, "nests deeper than 100 levels"),
+        (b'{"Pod": {"metadata": {"name": "p", "x": ' + b"9" * 5000 + b"}}}", {}, "integer literal"),
+        (
+            json.dumps(
+                payloads.extender_args(
+                    {**payloads.pod("p"), "metadata": {"name": "p", "ownerReferences": 3}}, []
+                )
+            ).encode(),
+            {},
+            "ownerReferences must be a list",
+        ),
+        (b"garbage, not deflate", {"Content-Encoding": "deflate"}, "cannot read the request body"),
+        (b"\x1f\x8b garbage, not gzip", {"Content-Encoding": "gzip"}, "cannot read the request body"),
+    ],
+)
+async def test_malformed_bodies_get_a_4xx_and_no_error_log(
+    start: Any,
+    store: MemoryStore,
+    caplog: pytest.LogCaptureFixture,
+    body: bytes,
+    headers: dict[str, str],
+    needle: str,
+) -> None:
+    await seed_cluster(store)
+    client = await start()
+    with caplog.at_level(logging.DEBUG):
+        resp = await client.post(
+            "/filter", data=body, headers={"Content-Type": "application/json", **headers}
+        )
+        assert resp.status == 400
+        assert needle in (await resp.json())["Error"]
+        ok = await post(client, "filter", payloads.extender_args(payloads.pod("p"), ["n-free"]))
+    assert ok["NodeNames"] == ["n-free"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+async def test_compressed_bodies_are_read(start: Any, store: MemoryStore) -> None:
+    await seed_cluster(store)
+    client = await start()
+    body = gzip.compress(json.dumps(payloads.extender_args(payloads.pod("p"), ["n-free"])).encode())
+    resp = await client.post(
+        "/filter", data=body, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    )
+    assert resp.status == 200 and (await resp.json())["NodeNames"] == ["n-free"]
+
+
+async def test_a_client_hanging_up_mid_body_is_logged_at_debug(
+    store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Served as extender.main serves it (an AppRunner: handlers are not cancelled when the
+    client goes, unlike aiohttp's TestServer), the body read fails; that is no internal error."""
+    await seed_cluster(store)
+    app = server.create_app(make_settings(), store)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        await eventually(lambda: app[server.INVENTORY].ready)
+        port = runner.addresses[0][1]
+        caplog.set_level(logging.DEBUG, logger="extender.server")
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b'POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{"Pod": ')
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.close()
+        await writer.wait_closed()
+        await eventually(lambda: "client disconnected" in caplog.text)
+    finally:
+        await runner.cleanup()
+    (record,) = [r for r in caplog.records if "client disconnected" in r.getMessage()]
+    assert record.levelno == logging.DEBUG
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_json_depth() -> None:
+    assert server.json_depth('{"a": [1, {"b": "[[[{{"}], "c": "\\"[["}') == 3
+    assert server.json_depth("[]") == 1 and server.json_depth("7") == 0
+
+
+HUGE_INT: Final = "__huge_int__"
+DEEP: Final = "__deep__"
+"""Placeholders spliced into the body's text: a 5,000-digit integer, 1,000 nested arrays."""
+SPLICE: Final = {json.dumps(HUGE_INT): "9" * 5000, json.dumps(DEEP): "[" * 1000 + "]" * 1000}
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+NASTY = JSON | st.sampled_from(
+    [
+        HUGE_INT,
+        DEEP,
+        "2k",
+        "1_000",
+        "１",
+        "+1",
+        "1e999999999",
+        "NaN",
+        "-1",
+        "0.5",
+        "1Ki",
+        10**30,
+        -(2**63),
+        1e308,
+    ]
+)
+READ_FIELDS: Final = (
+    ("Pod", "metadata"),
+    ("Pod", "metadata", "name"),
+    ("Pod", "metadata", "namespace"),
+    ("Pod", "metadata", "uid"),
+    ("Pod", "metadata", "labels"),
+    ("Pod", "metadata", "labels", keys.LABEL_PRIORITY),
+    ("Pod", "metadata", "annotations"),
+    ("Pod", "metadata", "annotations", keys.ANN_RELIABILITY),
+    ("Pod", "metadata", "ownerReferences"),
+    ("Pod", "metadata", "ownerReferences", 0),
+    ("Pod", "metadata", "ownerReferences", 0, "name"),
+    ("Pod", "metadata", "ownerReferences", 0, "controller"),
+    ("Pod", "metadata", "creationTimestamp"),
+    ("Pod", "spec"),
+    ("Pod", "spec", "containers"),
+    ("Pod", "spec", "containers", 0),
+    ("Pod", "spec", "containers", 0, "image"),
+    ("Pod", "spec", "containers", 0, "resources"),
+    ("Pod", "spec", "containers", 0, "resources", "limits"),
+    ("Pod", "spec", "containers", 0, "resources", "limits", keys.DEFAULT_GPU_RESOURCE),
+    ("Pod", "spec", "nodeName"),
+    ("Pod", "spec", "priority"),
+    ("Pod", "spec", "preemptionPolicy"),
+    ("Pod", "status"),
+    ("Pod", "status", "phase"),
+)
+"""Fields of the embedded Pod the extender reads: the fuzzer aims there half the time."""
+
+
+def paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path into ``obj`` (dict keys and list indices), the root included."""
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += paths(v, (*prefix, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += paths(v, (*prefix, i))
+    return out
+
+
+def mutate(obj: Any, path: tuple[Any, ...], value: Any, *, delete: bool) -> Any:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(obj, dict):
+        out = dict(obj)
+        if delete and not rest:
+            del out[head]
+        else:
+            out[head] = mutate(obj[head], rest, value, delete=delete)
+        return out
+    out_list = list(obj)
+    out_list[head] = mutate(obj[head], rest, value, delete=delete)
+    return out_list
+
+
+def valid_bodies() -> dict[str, Any]:
+    pod = payloads.pod("f", gpus=2, priority="high", owner="online", tier="HA", spec_priority=1000)
+    return {
+        "filter": payloads.extender_args(pod, ALL),
+        "prioritize": payloads.extender_args(pod, ALL),
+        "preempt": payloads.preemption_args(pod, {"n-busy": ["u-1", "u-2"]}),
+        "bind": payloads.binding_args(pod, "n-free"),
+    }
+
+
+FUZZ_SERVER: dict[int, Client] = {}
+"""The fuzz test's server, by ``id(store)``: hypothesis runs every example on one server."""
+
+
+@settings(
+    max_examples=250,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+async def test_fuzzed_wire_bodies_never_get_a_5xx(
+    start: Any, store: MemoryStore, data: st.DataObject
+) -> None:
+    """Finding 7: bodies mutated anywhere in the wire models (and the embedded Pod) get a
+    200 or a 4xx with a message, never a 5xx."""
+    if id(store) not in FUZZ_SERVER:  # one server per test run; hypothesis draws many bodies
+        FUZZ_SERVER.clear()
+        await seed_cluster(store)
+        FUZZ_SERVER[id(store)] = await start()
+    client = FUZZ_SERVER[id(store)]
+    verb = data.draw(st.sampled_from(sorted(valid_bodies())))
+    body = valid_bodies()[verb]
+    for _ in range(data.draw(st.integers(1, 3))):
+        reachable = paths(body)
+        aimed = [p for p in READ_FIELDS if p in reachable]
+        path = data.draw(
+            st.sampled_from(aimed) | st.sampled_from(reachable) if aimed else st.sampled_from(reachable)
+        )
+        body = mutate(body, path, data.draw(NASTY), delete=bool(path) and data.draw(st.booleans()))
+    text = json.dumps(body)
+    for placeholder, raw in SPLICE.items():
+        text = text.replace(placeholder, raw)
+    resp = await client.post(f"/{verb}", data=text, headers={"Content-Type": "application/json"})
+    assert resp.status < 500, await resp.text()
+    if resp.status >= 400:
+        assert (await resp.json())["Error"]
+
+
+# --------------------------------------------------------------------------- reasons (finding 8)
+
+
+def fit_error(total: int, reply: dict[str, Any]) -> str:
+    """kube-scheduler's FitError message: each distinct reason prefixed by its node count,
+    sorted (pkg/scheduler/framework/types.go, FitError.Error)."""
+    counts: dict[str, int] = {}
+    for reason in [*reply["FailedNodes"].values(), *reply["FailedAndUnresolvableNodes"].values()]:
+        counts[reason] = counts.get(reason, 0) + 1
+    parts = sorted(f"{n} {reason}" for reason, n in counts.items())
+    return f"0/{total} nodes are available: {', '.join(parts)}."
+
+
+async def test_reasons_read_well_in_the_schedulers_aggregation_and_say_whether_preemption_helps(
+    start: Any, store: MemoryStore
+) -> None:
+    names = [f"gpu-node-{i}" for i in range(4)]
+    for n in names:
+        await add_node(store, payloads.gpunode(n, gpus=2))
+        await add_pod(
+            store,
+            payloads.pod(
+                f"lp-{n}", gpus=2, node_name=n, phase="Running", annotations=payloads.assigned(n, 0, 1)
+            ),
+        )
+    client = await start()
+    await eventually(lambda: client.app[server.INVENTORY].summary()["pods"] == 4)
+    # a low-priority pod of the same priority cannot preempt: unresolvable, no futile pass
+    lp = payloads.pod("lp-new", gpus=1, tier="HA", gpu_type=payloads.H20)
+    reply = await post(client, "filter", payloads.extender_args(lp, names))
+    assert reply["FailedNodes"] == {}
+    assert fit_error(4, reply) == (
+        "0/4 nodes are available: 4 node(s) had no free GPU of type NVIDIA H20 at tier HA or above; "
+        "pods this pod cannot preempt hold the rest."
+    )
+    hp = payloads.pod("hp", gpus=2, priority="high", spec_priority=1000)
+    reply = await post(client, "filter", payloads.extender_args(hp, names))
+    assert set(reply["FailedNodes"]) == set(names)
+    assert fit_error(4, reply) == (
+        "0/4 nodes are available: 4 node(s) had fewer than 2 free GPUs; preemptable lower-priority pods hold the rest."
+    )
+    never = payloads.pod("never", gpus=1, priority="high", spec_priority=1000)
+    never["spec"]["preemptionPolicy"] = "Never"
+    reply = await post(client, "filter", payloads.extender_args(never, names))
+    assert reply["FailedNodes"] == {} and len(reply["FailedAndUnresolvableNodes"]) == 4
