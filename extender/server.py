@@ -22,9 +22,9 @@ measures.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -242,9 +242,7 @@ the extender envelopes nest about 15 deep (managedFields included)."""
 MAX_JSON_INT_DIGITS: Final = 20
 """Longest integer literal accepted: Kubernetes integers are int64 (19 digits and a sign)."""
 
-_JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS: Final = {c: None for c in range(128) if chr(c) not in "[]{}"}
-_DEPTH_STEP: Final = {"[": 1, "{": 1, "]": -1, "}": -1}
+_CONTAINERS: Final = (dict, list)
 
 
 def _json_int(text: str) -> int:
@@ -254,22 +252,30 @@ def _json_int(text: str) -> int:
     return int(text)
 
 
-def json_depth(text: str) -> int:
-    """Deepest nesting of arrays/objects in ``text``, which must be valid JSON (outside its
-    strings it is then pure ASCII). O(len(text))."""
-    depth = deepest = 0
-    for ch in _JSON_STRING.sub("", text).translate(_NOT_BRACKETS):
-        depth += _DEPTH_STEP[ch]
-        deepest = max(deepest, depth)
+def json_depth(obj: Any, *, stop_above: int | None = None) -> int:
+    """Deepest nesting of objects/arrays in the parsed JSON value ``obj`` (a scalar is 0,
+    ``[]`` is 1); returns early, with a value above ``stop_above``, once that is exceeded.
+    Iterative; only containers are visited in Python (scalars are skipped in C)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(obj, 1)] if isinstance(obj, _CONTAINERS) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if stop_above is not None and deepest > stop_above:
+                break
+        values = node.values() if isinstance(node, dict) else node
+        for child in itertools.compress(values, map(isinstance, values, itertools.repeat(_CONTAINERS))):
+            stack.append((child, depth + 1))
     return deepest
 
 
-def _too_deep(text: str) -> bool:
-    """Whether ``text`` (valid JSON) nests deeper than :data:`MAX_JSON_DEPTH`; a body with
-    fewer opening brackets than that cannot, and is not scanned."""
+def _too_deep(text: str, body: Any) -> bool:
+    """Whether ``body`` (parsed from ``text``) nests deeper than :data:`MAX_JSON_DEPTH`. A
+    body with no more opening brackets than that cannot, and is not walked (the usual case)."""
     if text.count("{") + text.count("[") <= MAX_JSON_DEPTH:
         return False
-    return json_depth(text) > MAX_JSON_DEPTH
+    return json_depth(body, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH
 
 
 async def _read_json(request: web.Request) -> Any:
@@ -296,7 +302,7 @@ async def _read_json(request: web.Request) -> Any:
         raise _Reject(400, "too_deep", f"JSON body nests deeper than {MAX_JSON_DEPTH} levels") from exc
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, _json_int
         raise _Reject(400, "bad_json", f"malformed JSON body: {exc}") from exc
-    if _too_deep(text):
+    if _too_deep(text, body):
         raise _Reject(400, "too_deep", f"JSON body nests deeper than {MAX_JSON_DEPTH} levels")
     return body
 
