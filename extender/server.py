@@ -6,8 +6,12 @@ on ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt``, and serve ``GET /
 ``/metrics``. The scheduler runs us with ``nodeCacheCapable: true``: ``Nodes`` is null,
 candidates come in ``NodeNames`` and replies name only nodes from that list. A pod without
 managed GPUs passes untouched. ``Error`` in a reply is only for faults; malformed input is
-answered 400 with a message, an unknown verb 404, a body over
-``extender.max_body_bytes`` 413, anything unexpected a logged 500.
+answered 400 with a message (not UTF-8 JSON, nested deeper than :data:`MAX_JSON_DEPTH`,
+integer literals longer than :data:`MAX_JSON_INT_DIGITS`, a corrupt ``Content-Encoding``,
+wrong types in any field the extender reads), an unknown verb 404, a body over
+``extender.max_body_bytes`` 413, anything unexpected a logged 500; a client that hangs up
+mid-body is logged at debug. A pod's own GPU claim (an interrupted bind of it) counts as
+free for that pod in every verb.
 
 Lifetimes are aiohttp ``cleanup_ctx`` entries: one list+watch loop per kind (GPUNodes,
 Pods) feeding :class:`extender.state.Inventory`, plus ``extra_contexts`` the caller adds

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from extender.metrics import ExtenderMetrics
 from extender.state import Inventory
+from flexlease.store.base import EventType, WatchEvent
 from tests.extender import payloads
 
 
@@ -35,6 +36,11 @@ def test_inventory_gauges_are_read_at_scrape_time() -> None:
     assert get("flexlease_extender_gpus", {"state": "used", "tier": "LA", "type": payloads.H20}) == 1.0
     inv.forget("u")
     assert get("flexlease_extender_reservation_events_total", {"event": "forgotten"}) == 1.0
+    assert get("flexlease_extender_claim_events_total", {"event": "conflict"}) == 0.0
+    copy = payloads.pod("copy", annotations=payloads.assigned("n1", 0), gpus=1)  # unbound, claims a's GPU
+    inv.apply_pod_event(WatchEvent(EventType.ADDED, copy))
+    assert get("flexlease_extender_claim_events_total", {"event": "conflict"}) == 1.0
+    assert get("flexlease_extender_claim_events_total", {"event": "released"}) == 0.0
 
 
 def test_known_labels_are_preinitialised_and_decisions_counted() -> None:
