@@ -256,6 +256,10 @@ def _json_int(text: str) -> int:
     return int(text)
 
 
+_DECODER: Final = json.JSONDecoder(parse_int=_json_int)
+"""Built once: ``json.loads`` with a hook would build a decoder per call."""
+
+
 def json_depth(obj: Any, *, stop_above: int | None = None) -> int:
     """Deepest nesting of objects/arrays in the parsed JSON value ``obj`` (a scalar is 0,
     ``[]`` is 1); returns early, with a value above ``stop_above``, once that is exceeded.
@@ -301,7 +305,7 @@ async def _read_json(request: web.Request) -> Any:
         raise _Disconnected(str(exc)) from exc
     try:
         text = raw.decode("utf-8")
-        body = json.loads(text, parse_int=_json_int)
+        body = _DECODER.decode(text)
     except RecursionError as exc:
         raise _Reject(400, "too_deep", f"JSON body nests deeper than {MAX_JSON_DEPTH} levels") from exc
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, _json_int

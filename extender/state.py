@@ -535,8 +535,11 @@ class Inventory:
                 out[h.uid] = won
         return out
 
-    def _taken(self, node: str) -> dict[int, str]:
-        taken = {i: uid for uid, indices in self._claims(node).items() for i in indices}
+    def _taken(self, node: str, claims: Mapping[str, tuple[int, ...]] | None = None) -> dict[int, str]:
+        """Device index → uid of the pod holding (claims, resolved) or reserving it."""
+        if claims is None:
+            claims = self._claims(node)
+        taken = {i: uid for uid, indices in claims.items() for i in indices}
         for res in self._reservations.values():
             if res.node == node:
                 for i in res.indices:
@@ -544,9 +547,10 @@ class Inventory:
         return taken
 
     def _build_view(self, n: _Node) -> NodeView:
-        taken = self._taken(n.name)
+        claims = self._claims(n.name)
+        taken = self._taken(n.name, claims)
         holders: dict[str, Holder] = {}
-        for uid, indices in self._claims(n.name).items():
+        for uid, indices in claims.items():
             h = self._holdings[uid]
             holders[uid] = Holder(
                 uid=uid,
