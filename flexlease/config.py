@@ -121,6 +121,14 @@ class LeaseSettings(_Group):
     """Wait before retrying an eviction a PodDisruptionBudget refused, when no Retry-After is given."""
 
 
+class OrchestratorSettings(_Group):
+    """Topology-aware orchestration (WeFlex §3.4)."""
+
+    profile_dirs: tuple[Path, ...] = ()
+    """Directories of your own framework profiles (``*.yaml``), added to the shipped ones (a
+    profile with a shipped name replaces it). Their critical roles are protected from reclaim."""
+
+
 class AgentSettings(_Group):
     """The node agent (DaemonSet). Sub-groups are owned by their components."""
 
@@ -195,6 +203,7 @@ class Settings(BaseSettings):
     extender: ExtenderSettings = Field(default_factory=ExtenderSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
+    orchestrator: OrchestratorSettings = Field(default_factory=OrchestratorSettings)
 
     @classmethod
     def settings_customise_sources(

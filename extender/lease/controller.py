@@ -59,6 +59,7 @@ from extender.lease.view import (
     salvaged_holder,
 )
 from extender.lease.workqueue import WorkQueue
+from extender.orchestrator import profile as profiles
 from flexlease.api import keys
 from flexlease.api.resources import (
     GPULease,
@@ -113,6 +114,8 @@ class LeaseController:
     ) -> None:
         self._settings = settings.lease
         self._resource = settings.extender.gpu_resource
+        self._critical = profiles.critical_roles(profiles.registry(settings.orchestrator.profile_dirs))
+        """Critical roles by framework: their pods are never noticed or evicted (WeFlex §3.4)."""
         self._store = store
         self._clock: Clock = clock or SystemClock()
         self._instance = instance or socket.gethostname()
@@ -278,7 +281,7 @@ class LeaseController:
             cached = self._parsed_pods.get(key)
             if cached is None or cached[0] != version:
                 try:
-                    cached = (version, read_holder(obj, self._resource), None)
+                    cached = (version, read_holder(obj, self._resource, critical=self._critical), None)
                 except PodSpecError as exc:
                     problem = f"pod {key} malformed, kept only as holder of its GPUs: {exc}"
                     cached = (version, salvaged_holder(obj), problem)

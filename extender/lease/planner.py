@@ -26,11 +26,13 @@ than what is outstanding takes everything. Per target, every reconcile:
 * held by an LP pod (priority label not ``high``) → graceful reclaim: ``preempt-deadline`` =
   now + ``gracePeriodSeconds`` on the pod and an Event; once past the deadline, evict;
 * failed (Unhealthy/Unknown), vanished (device or GPUNode gone), downgraded below its
-  lend-time tier (right-of-return is in kind) or held by another owner's HP pod (which cannot
-  be preempted) → replaced one-for-one by a free, untagged, healthy standby
-  GPU of the same model and a tier >= the original's lend-time tier (lowest adequate tier
-  first), tagged with the owner and recorded in ``status.supplementedFromStandby``; no such GPU
-  → wait (condition ``GPUsFreed`` reason ``StandbyShortfall``);
+  lend-time tier (right-of-return is in kind), held by another owner's HP pod (which cannot
+  be preempted) or by a pod whose ``flexlease.io/role`` its framework profile marks critical
+  (a coordinator, Ray head or rank 0 is never evicted: WeFlex §3.4) → replaced one-for-one
+  by a free, untagged, healthy standby GPU of the same model and a tier >= the original's
+  lend-time tier (lowest adequate tier first), tagged with the owner and recorded in
+  ``status.supplementedFromStandby``; no such GPU → wait (condition ``GPUsFreed`` reason
+  ``StandbyShortfall``);
 * free and healthy → keep it tagged and wait for the owner's pods.
 
 Done when the owner's pods hold every target or its replacement; Failed when the rest can
@@ -388,7 +390,7 @@ def _cost(view: ClusterView, key: DeviceKey, *, owner: str) -> int:
         return 1
     if gpu.holder.belongs_to(owner):
         return 0
-    return 2 if gpu.holder.priority is Priority.LOW else 3
+    return 2 if gpu.holder.priority is Priority.LOW and not gpu.holder.critical else 3
 
 
 def _choose_targets(lease: GPULease, view: ClusterView, *, ledger: Ledger) -> tuple[list[LeaseDevice], str]:
@@ -503,12 +505,14 @@ def _reclaim_target(
             p.tag(TagChange(current, None, leased_at=None))
         return
     foreign_hp = gpu is not None and gpu.holder is not None and gpu.holder.priority is Priority.HIGH
+    # Coordinator protection (§3.4): a pod whose role is critical is never noticed or evicted.
+    critical = gpu is not None and gpu.holder is not None and gpu.holder.critical
     # Right-of-return is in kind (§3.5): a GPU whose tier fell below its lend-time tier (the
     # agent downgrades at once on failure, even when the GPU recovers) is replaced as well.
     downgraded = (
         gpu is not None and gpu.tier is not None and target.tier is not None and gpu.tier < target.tier
     )
-    if gpu is None or gpu.failed or foreign_hp or downgraded:
+    if gpu is None or gpu.failed or foreign_hp or critical or downgraded:
         if target.model is None or target.tier is None:
             p.unresolvable.append(f"{target.key} (model or tier unknown)")
             return
@@ -524,6 +528,8 @@ def _reclaim_target(
             if gpu.failed
             else "held by a HP pod"
             if foreign_hp
+            else "held by a critical pod"
+            if critical
             else f"downgraded to {gpu.tier.value if gpu.tier else '?'}"
         )
         p.supplements[target.key] = Supplement(original=_bare(target.key), replacement=_record(replacement))

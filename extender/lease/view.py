@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from extender.orchestrator import profile as profiles
 from flexlease.api import keys
 from flexlease.api.pod import Priority, parse_pod, salvage_assignment
 from flexlease.api.resources import DeviceKey, GPUNode, Health, Pool
@@ -40,6 +41,10 @@ class Holder:
     terminating: bool = False
     """The pod has a ``deletionTimestamp``: it still holds its GPUs until it is gone, but
     needs no further notice or eviction."""
+    critical: bool = False
+    """Its ``flexlease.io/role`` is critical in its framework profile (coordinator, Ray head,
+    rank 0: WeFlex §3.4): it is never given a reclaim notice or evicted; a lent GPU it holds is
+    replaced from the standby pool instead, as for a high-priority pod."""
 
     @property
     def key(self) -> str:
@@ -121,8 +126,14 @@ def format_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def read_holder(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) -> Holder | None:
+def read_holder(
+    pod: dict[str, Any],
+    resource: str = keys.DEFAULT_GPU_RESOURCE,
+    *,
+    critical: Mapping[str, frozenset[str]] | None = None,
+) -> Holder | None:
     """The pod as a :class:`Holder`, or None when it holds no GPU (unbound or terminated).
+    ``critical``: each framework profile's critical roles (default: the shipped profiles').
     Raises :class:`PodSpecError` on malformed flexlease labels/annotations."""
     request = parse_pod(pod, resource)
     if request.terminated or request.assignment is None:
@@ -145,7 +156,17 @@ def read_holder(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) 
         resource_version=str(meta.get("resourceVersion") or ""),
         devices=request.assignment.devices,
         terminating=bool(meta.get("deletionTimestamp")),
+        critical=profiles.is_critical(
+            _labels(meta), profiles.builtin_critical() if critical is None else critical
+        ),
     )
+
+
+def _labels(meta: dict[str, Any]) -> dict[str, str]:
+    labels = meta.get("labels")
+    if not isinstance(labels, dict):
+        return {}
+    return {str(k): v for k, v in labels.items() if isinstance(v, str)}
 
 
 def salvaged_holder(pod: Any) -> Holder | None:

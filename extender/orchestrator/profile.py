@@ -26,6 +26,7 @@ path, e.g. ``mpi.yaml:14:13: commands[0].preconditions[0].ready: unknown role 'w
 
 from __future__ import annotations
 
+import functools
 import graphlib
 import importlib.resources
 import re
@@ -204,6 +205,12 @@ def registry(user_dirs: Iterable[Path] = ()) -> dict[str, Profile]:
     for directory in user_dirs:
         out.update(load_dir(directory))
     return out
+
+
+@functools.cache
+def builtin_critical() -> Mapping[str, frozenset[str]]:
+    """:func:`critical_roles` of the shipped profiles (parsed once per process)."""
+    return critical_roles(builtin())
 
 
 def critical_roles(profiles: Mapping[str, Profile]) -> dict[str, frozenset[str]]:

@@ -28,7 +28,8 @@ from extender.lease.controller import (
 from extender.lease.view import parse_time
 from flexlease.api import keys
 from flexlease.clock import ManualClock
-from flexlease.config import LeaseSettings, Settings
+from flexlease.config import LeaseSettings, OrchestratorSettings, Settings
+from flexlease.errors import ProfileError
 from flexlease.store.base import Kind, Store
 from flexlease.store.memory import MemoryStore
 from flexlease.store.sqlite import SqliteStore
@@ -542,3 +543,59 @@ async def test_gpus_of_a_vanished_gpunode_are_supplemented_from_the_lend_record(
         assert replacements == [2, 3, 4, 5]  # HA, like the originals at lend time; never the MA ones
         await bind_owner(store, "rec-0", "s1", [2, 3, 4, 5])
         await eventually(phase_is(store, "reclaim", "Done"))
+
+
+USER_PROFILE = """\
+apiVersion: flexlease.io/v1alpha1
+kind: FrameworkProfile
+name: horovod-elastic
+roles:
+  driver: {critical: true}
+  worker: {}
+commands:
+  - name: launch
+    role: driver
+    run: [horovodrun, --host-discovery-script, /app/hosts.sh, python, train.py]
+    preconditions: [{ready: worker}]
+"""
+
+
+async def test_a_user_profiles_critical_pod_keeps_its_lent_gpu(
+    store: MemoryStore, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Coordinator protection with a profile from ``orchestrator.profile_dirs``: the LP job's
+    driver is never noticed or evicted; its lent GPU is replaced from the standby pool."""
+    (tmp_path / "horovod.yaml").write_text(USER_PROFILE)
+    settings = Settings(orchestrator=OrchestratorSettings(profile_dirs=(tmp_path,)))
+    await add_node(store, gpunode("n1", "HA", count=2))
+    await add_node(store, gpunode("s1", "HA", count=1, pool="standby"))
+    async with running(store, clock, settings):
+        await add_lease(store, lease("lend", "Lend", devices=[("n1", 0), ("n1", 1)]))
+        await eventually(phase_is(store, "lend", "Done"))
+        role = {keys.LABEL_FRAMEWORK: "horovod-elastic"}
+        await add_pod(store, pod("driver", "n1", [0], labels={**role, keys.LABEL_ROLE: "driver"}))
+        await add_pod(store, pod("worker", "n1", [1], labels={**role, keys.LABEL_ROLE: "worker"}))
+        await add_lease(store, lease("reclaim", "Reclaim", count=2, grace=30))
+
+        async def supplemented() -> bool:
+            status = (await get_lease(store, "reclaim")).get("status", {})
+            return bool(status.get("supplementedFromStandby"))
+
+        await eventually(supplemented)
+        clock.advance(31)
+        await eventually(lambda: _pods_are(store, {"driver"}))
+        status = (await get_lease(store, "reclaim"))["status"]
+        assert status["preemptedPods"] == ["lp/worker"]
+        assert [
+            (s["original"]["node"], s["replacement"]["node"]) for s in status["supplementedFromStandby"]
+        ] == [("n1", "s1")]
+
+
+def test_a_malformed_user_profile_stops_the_controller_at_start(store: MemoryStore, tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text(USER_PROFILE.replace("ready: worker", "ready: workers"))
+    settings = Settings(orchestrator=OrchestratorSettings(profile_dirs=(tmp_path,)))
+    with pytest.raises(
+        ProfileError,
+        match=r"bad\.yaml:11:29: commands\[0\]\.preconditions\[0\]\.ready: unknown role 'workers'",
+    ):
+        LeaseController(settings, store, registry=CollectorRegistry())

@@ -508,3 +508,28 @@ def test_a_terminating_lp_pod_is_not_noticed_or_evicted_again() -> None:
     world.now += timedelta(seconds=120)
     plan = world.step()
     assert not plan.notices and not plan.evictions  # still holding until it is gone
+
+
+def test_reclaim_never_notices_or_evicts_a_critical_pod_and_supplements_instead() -> None:
+    """Coordinator protection (WeFlex §3.4): an LP job's Ray head keeps its lent GPU."""
+    head = pod("ray-head", "n1", [0], labels={keys.LABEL_ROLE: "head", keys.LABEL_FRAMEWORK: "ray"})
+    worker = pod("ray-w", "n1", [1], labels={keys.LABEL_ROLE: "worker", keys.LABEL_FRAMEWORK: "ray"})
+    world = lent_world(extra_nodes=[gpunode("s1", pool="standby")], pods=[head, worker], count=2)
+    world.nodes["n1"]["spec"]["devices"] = {"0": {"owner": OWNER}, "1": {"owner": OWNER}}
+    plan = world.step()
+    assert [n.pod.name for n in plan.notices] == ["ray-w"]  # the worker gets its notice
+    assert [s.replacement.key for s in plan.status.supplemented_from_standby] == [DeviceKey("s1", 0)]
+    assert any("held by a critical pod" in n.message for n in plan.notes)
+    world.now += timedelta(seconds=60)
+    plan = world.step()
+    assert world.evicted == ["ray-w"]  # past the grace period: the worker only
+
+
+def test_count_reclaim_prefers_gpus_not_held_by_critical_pods() -> None:
+    coordinator = pod("mpi-coord", "n1", [0], labels={keys.LABEL_ROLE: "coordinator"})
+    worker = pod("mpi-w", "n1", [1], labels={keys.LABEL_ROLE: "worker"})
+    world = lent_world(pods=[coordinator, worker], count=1)
+    world.nodes["n1"]["spec"]["devices"] = {"0": {"owner": OWNER}, "1": {"owner": OWNER}}
+    plan = world.step()
+    assert keys_of(plan.status.lent) == [DeviceKey("n1", 1)]
+    assert [n.pod.name for n in plan.notices] == ["mpi-w"]

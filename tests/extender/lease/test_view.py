@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from extender.lease.view import build_view, format_time, parse_time
+from extender.lease.view import build_view, format_time, parse_time, read_holder
 from flexlease.api import keys
 from flexlease.api.pod import Priority
 from flexlease.api.resources import DeviceKey, Health, Pool, parse_gpunode
@@ -64,3 +64,20 @@ def test_times_round_trip_as_rfc3339_utc() -> None:
     assert parse_time("2026-03-01T14:00:45+02:00") == value
     with pytest.raises(ValueError, match="time zone"):
         parse_time("2026-03-01T12:00:45")
+
+
+def test_read_holder_marks_critical_roles() -> None:
+    def holder(labels: dict[str, str], critical: dict[str, frozenset[str]] | None = None) -> bool:
+        obj = pod("p", "n1", [0], labels=labels)
+        h = read_holder(obj, critical=critical)
+        assert h is not None
+        return h.critical
+
+    role, fw = keys.LABEL_ROLE, keys.LABEL_FRAMEWORK
+    assert holder({role: "head", fw: "ray"})
+    assert holder({role: "coordinator"})  # no framework label: any shipped profile's critical role
+    assert not holder({role: "worker", fw: "mpi"})
+    assert not holder({})
+    custom = {"mine": frozenset({"launcher"})}
+    assert holder({role: "launcher", fw: "mine"}, custom)
+    assert not holder({role: "head", fw: "ray"}, custom)
