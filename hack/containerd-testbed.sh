@@ -7,6 +7,8 @@
 #   hack/containerd-testbed.sh env     [DIR]   print the environment of a running testbed
 #   hack/containerd-testbed.sh restart-containerd [DIR]   SIGKILL containerd and start it again (state kept)
 #   hack/containerd-testbed.sh stop-containerd|start-containerd [DIR]   the two halves of restart
+#   hack/containerd-testbed.sh framework-image [DIR]   build and load the orchestrator's framework
+#                                                      stand-in image (hack/table1.py); prints its name
 #
 # DIR defaults to $FLEXLEASE_TESTBED_DIR or /tmp/flexlease-testbed. Runs as root; installs
 # containerd runc containernetworking-plugins busybox-static docker-registry skopeo when missing
@@ -30,6 +32,7 @@ NS=k8s.io
 PAUSE_IMAGE=localhost/flexlease/pause:1
 TRAINER_V1=localhost/flexlease/trainer:v1
 TRAINER_V2=localhost/flexlease/trainer:v2
+FRAMEWORK_IMAGE=localhost/flexlease/framework:v1
 
 die() { echo "containerd-testbed: $*" >&2; exit 1; }
 log() { echo "containerd-testbed: $*" >&2; }
@@ -409,6 +412,34 @@ do_start_containerd() {
   start_containerd
 }
 
+# The orchestrator's framework stand-ins (WeFlex Table 1; hack/table1.py): every busybox applet,
+# the stand-in launchers (hack/orchestrator/standins) in /bin and a TF start script in /app.
+# Entrypoint: framework-boot (the pod's agent comes up after $BOOT_DELAY on 127.0.0.1:$PORT).
+do_framework_image() {
+  need_root
+  [ -f "$DIR/env" ] || die "no testbed in $DIR"
+  local b src img="$DIR/images/framework" applet
+  src="$(cd "$(dirname "$0")" && pwd)/orchestrator"
+  b=$(static_busybox)
+  [ -n "$b" ] || die "no static busybox found (apt-get install busybox-static)"
+  rm -rf "$img"
+  mkdir -p "$img/root/bin" "$img/root/app" "$img/root/etc" "$img/root/tmp" "$img/root/www"
+  cp "$b" "$img/root/bin/busybox"
+  for applet in $("$b" --list); do
+    [ "$applet" = busybox ] || ln -sf busybox "$img/root/bin/$applet"
+  done
+  install -m 0755 "$src"/standins/* "$img/root/bin/"
+  install -m 0755 "$src/app/start.sh" "$img/root/app/start.sh"
+  echo "root:x:0:0:root:/:/bin/sh" >"$img/root/etc/passwd"
+  echo "root:x:0:" >"$img/root/etc/group"
+  layer_tar "$img/layer.tar" "$img/root"
+  build_image "$img/framework.tar" "$FRAMEWORK_IMAGE" '["framework-boot"]' "$img/layer.tar"
+  ctr --address "$SOCK" -n "$NS" image import "$img/framework.tar" >/dev/null \
+    || die "ctr image import framework.tar failed"
+  rm -rf "$img"
+  echo "FLEXLEASE_TESTBED_FRAMEWORK_IMAGE=$FRAMEWORK_IMAGE"
+}
+
 case "$cmd" in
   start) do_start ;;
   stop) do_stop ;;
@@ -416,5 +447,6 @@ case "$cmd" in
   restart-containerd) do_restart_containerd ;;
   stop-containerd) do_stop_containerd ;;
   start-containerd) do_start_containerd ;;
-  *) die "usage: $0 start|stop|env|restart-containerd|stop-containerd|start-containerd [DIR]" ;;
+  framework-image) do_framework_image ;;
+  *) die "usage: $0 start|stop|env|restart-containerd|stop-containerd|start-containerd|framework-image [DIR]" ;;
 esac
