@@ -7,7 +7,7 @@ A profile (``apiVersion: flexlease.io/v1alpha1``, ``kind: FrameworkProfile``)::
 
     name: mpi
     roles:
-      coordinator: {critical: true}        # never picked by the lease controller or scale-down
+      coordinator: {critical: true}        # never noticed or evicted by a Reclaim
       worker: {}
     commands:
       - name: launch
@@ -51,8 +51,8 @@ class _Frozen(BaseModel):
 
 class Role(_Frozen):
     """A kind of pod in the job. ``critical``: losing it stops the whole job (the coordinator,
-    Ray head, rank 0), so the lease controller and scale-down never pick it. ``container``: the
-    container commands run in (default: the pod's first container)."""
+    Ray head, rank 0), so the lease controller never gives it a reclaim notice or evicts it.
+    ``container``: the container commands run in (default: the pod's first container)."""
 
     critical: bool = False
     container: str | None = None

@@ -25,7 +25,7 @@ LABEL_OWNER: Final = PREFIX + "owner"
 LABEL_ROLE: Final = PREFIX + "role"
 """The pod's role in its job's framework profile (``coordinator``, ``worker``, ``head``...):
 the orchestrator's readiness snapshot watches by it, and pods whose role the profile marks
-critical are never picked by the lease controller or scale-down (WeFlex §3.4)."""
+critical are never noticed or evicted by the lease controller's Reclaim (WeFlex §3.4)."""
 LABEL_FRAMEWORK: Final = PREFIX + "framework"
 """The job's framework profile name (``mpi``, ``pytorch``, ``ray``, ``tensorflow`` or a user's)."""
 LABEL_NO_KUBELET: Final = PREFIX + "no-kubelet"
