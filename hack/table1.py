@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from extender.lease.clock import SystemClock
 from extender.orchestrator import dag, profile, template
 from extender.orchestrator.executors import CriExecutor
 from extender.orchestrator.profile import Profile
@@ -51,6 +50,7 @@ from extender.orchestrator.snapshot import PodState, pod_state
 from extender.orchestrator.watch import ReadinessWatch
 from flexlease import errors
 from flexlease.api import keys
+from flexlease.clock import SystemClock
 from flexlease.cri import api_pb2
 from flexlease.errors import ExecError
 from flexlease.store.base import Kind
