@@ -582,7 +582,7 @@ async def test_a_user_profiles_critical_pod_keeps_its_lent_gpu(
             return bool(status.get("supplementedFromStandby"))
 
         await eventually(supplemented)
-        clock.advance(31)
+        await clock.advance(31)
         await eventually(lambda: _pods_are(store, {"driver"}))
         status = (await get_lease(store, "reclaim"))["status"]
         assert status["preemptedPods"] == ["lp/worker"]
