@@ -19,10 +19,19 @@ from nodeagent.agent import AgentContext
 from nodeagent.health.backend import DeviceEvent, DeviceSample, EventKind
 from nodeagent.status import StatusReporter, merge_diff, status_patch
 from tests.nodeagent.health.kit import NODE, START, make_context, make_settings, node_config
+from tests.store.faults import FaultyStore
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "crd-checked"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """Each store; ``crd-checked`` also checks every GPUNode written (by the test or the
+    reporter) against the CRD, as the API server would, and fails on a refusal or a prune."""
+    if request.param == "crd-checked":
+        checked = FaultyStore(MemoryStore(), check_crds=True)
+        yield checked
+        await checked.close()
+        assert checked.crd_violations == []
+        return
     s: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "state.db")
     yield s
     await s.close()
@@ -41,6 +50,8 @@ async def test_creates_the_gpunode_and_writes_status(tmp_path: Path, store: Stor
     clock = ManualClock(START)
     ctx = await started(tmp_path, store, clock)
     assert await StatusReporter().sync(ctx)
+    if isinstance(store, FaultyStore):
+        assert store.crd_checked >= 2  # the create and the status patch
     obj = await store.get(Kind.GPUNODE, NODE)
     node = parse_gpunode(obj)
     assert node.spec.devices == {} and obj["spec"] == {"pool": "general"}  # POOL column reads general
@@ -191,7 +202,10 @@ def test_merge_diff_is_rfc7386() -> None:
 
 async def test_a_malformed_spec_does_not_stop_the_reporter(tmp_path: Path, store: Store) -> None:
     """The embedded stores have no CRD schema: an operator's typo in spec (``tierOverride: ha``)
-    must not stop status reporting; the summary then ignores spec."""
+    must not stop status reporting; the summary then ignores spec. (Through an API server
+    the CRD refuses the typo, so the CRD-checked store is bypassed here.)"""
+    if isinstance(store, FaultyStore):
+        store = store.inner
     spec = {"pool": "general", "devices": {"0": {"tierOverride": "ha", "owner": "a/b"}}}
     await store.create(
         Kind.GPUNODE,

@@ -40,8 +40,13 @@ history: resumes get 410), :meth:`drop_watches` (cut every watch connection),
 ``requests`` (what came in). :func:`any_store` opens a memory, sqlite or kube store for
 tests that must hold on every store.
 
+* Custom resources (GPUNode, GPULease) are pruned to their CRD's structural schema from
+  ``manifests/crds/`` (unknown fields dropped, recorded in ``pruned``) and validated against
+  it on every create, patch and :meth:`FakeApiServer.put`: 422 Invalid with per-field
+  causes, as kube-apiserver answers (see :mod:`tests.store.crd_schema` for the sources).
+
 Not modelled: namespaces as objects (every namespace exists), admission webhooks, finalizers,
-strategic merge and JSON patches (415), server-side apply, field validation against the CRD
+strategic merge and JSON patches (415), server-side apply, ``format`` and CEL checks in CRD
 schemas, the watch cache's own bookmark cadence (bookmarks here come every
 ``bookmark_interval`` seconds).
 """
@@ -71,6 +76,7 @@ from flexlease.store.base import Store
 from flexlease.store.kube import Backoff, KubeStore
 from flexlease.store.memory import MemoryStore
 from flexlease.store.sqlite import SqliteStore
+from tests.store.crd_schema import SchemaError, is_custom_kind, prune_and_validate
 from tests.store.fake_apiserver_rules import (
     API_RESOURCES,
     ApiError,
@@ -177,6 +183,8 @@ class FakeApiServer:
         self.kubelet_confirms_deletion = kubelet_confirms_deletion
         self.gone_as_http_status = gone_as_http_status
         self.requests: list[Recorded] = []
+        self.pruned: list[str] = []
+        """Paths of unknown custom-resource fields dropped by structural pruning."""
         self.latency = 0.0
         """Seconds every request other than a watch waits before it is served (etcd and
         admission time), to widen races in end-to-end tests."""
@@ -272,6 +280,7 @@ class FakeApiServer:
         else:
             meta["uid"] = old["metadata"]["uid"]
             meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+        body = self._admit(res, body)
         if "managedFields" not in meta:
             record_manager(
                 body,
@@ -716,6 +725,7 @@ class FakeApiServer:
             }
         elif "status" in res.subresources:
             obj.pop("status", None)
+        obj = self._admit(res, obj)
         record_manager(
             obj, manager=manager, operation="Update", api_version=res.api_version, body=body, subresource=None
         )
@@ -778,8 +788,9 @@ class FakeApiServer:
                     new.pop("status", None)
             if res.kind == "Pod":
                 check_pod_update(old, new)
-            if "generation" in meta and _spec_of(old) != _spec_of(new):
-                meta["generation"] = int(meta["generation"]) + 1
+        new = self._admit(res, new)
+        if sub != "status" and "generation" in old["metadata"] and _spec_of(old) != _spec_of(new):
+            new["metadata"]["generation"] = int(old["metadata"]["generation"]) + 1
         if new == old:
             return _typed(res, old)  # a no-op update writes nothing and bumps no version
         record_manager(
@@ -797,6 +808,24 @@ class FakeApiServer:
             self._after_write(res, ns)
         return _typed(res, new)
 
+    def _admit(self, res: ApiResource, obj: JsonObj) -> JsonObj:
+        """A custom resource pruned to its CRD's structural schema and validated against it
+        (see :mod:`tests.store.crd_schema`); other kinds as they are. Pruned field paths go
+        to ``pruned``. Raises ``ApiError`` 422 Invalid with one cause per invalid field."""
+        if not is_custom_kind(res.kind):
+            return obj
+        try:
+            return prune_and_validate(obj, dropped=self.pruned)
+        except SchemaError as exc:
+            causes = [{"reason": "FieldValueInvalid", "message": msg, "field": f} for f, msg in exc.causes]
+            details = {
+                "name": (obj.get("metadata") or {}).get("name", ""),
+                "group": res.group,
+                "kind": res.kind,
+                "causes": causes,
+            }
+            raise ApiError(422, "Invalid", str(exc), details=details) from exc
+
     def _delete(self, res: ApiResource, ns: str, name: str, body: bytes, q: Any) -> JsonObj:
         old = self._current(res, ns, name)
         options = _json(body) if body else {}
@@ -806,11 +835,22 @@ class FakeApiServer:
         return self._remove_object(res, old, grace)
 
     def _remove_object(self, res: ApiResource, old: JsonObj, grace: int | None) -> JsonObj:
+        """Delete ``old``; a bound Pod goes graceful (``rest.BeforeDelete`` and the pod
+        strategy's ``CheckGracefulDelete``): the grace period defaults to
+        ``spec.terminationGracePeriodSeconds`` (30), an unscheduled or terminal pod goes at
+        once, a positive grace sets ``deletionTimestamp`` + ``deletionGracePeriodSeconds``
+        and the pod stays until a delete with grace 0 (the kubelet's confirmation, sent
+        here at once when ``kubelet_confirms_deletion``). A repeated delete of a Terminating
+        pod only shortens its grace period, never lengthens it."""
         ns = old["metadata"].get("namespace", "")
         if res.kind == "Pod":
             if grace is None:
                 grace = int(old["spec"].get("terminationGracePeriodSeconds", 30))
-            if old["spec"].get("nodeName") and grace > 0 and not old["metadata"].get("deletionTimestamp"):
+            terminal = (old.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+            if not old["spec"].get("nodeName") or terminal:
+                grace = 0
+            current = old["metadata"].get("deletionGracePeriodSeconds")
+            if grace > 0 and (current is None or grace < int(current)):
                 new = copy.deepcopy(old)
                 when = datetime.now(UTC) + timedelta(seconds=grace)
                 new["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -820,6 +860,8 @@ class FakeApiServer:
                 if not self.kubelet_confirms_deletion:
                     return _typed(res, new)
                 old = new  # kubelet saw the containers stop and confirms with grace 0
+            elif grace > 0:
+                return _typed(res, old)  # already Terminating with a grace period no longer
         final = copy.deepcopy(old)
         self._commit(res, "DELETED", old, final)
         self._after_write(res, ns)
