@@ -120,16 +120,25 @@ class FaultyStore:
             self.crd_violations.append(f"{kind} {name}: the API server would prune {dropped}")
         return obj
 
-    async def list(self, kind: Kind, *, namespace: str | None = None, selector: Selector = EVERYTHING) -> ObjectList:
+    async def list(
+        self, kind: Kind, *, namespace: str | None = None, selector: Selector = EVERYTHING
+    ) -> ObjectList:
         result: ObjectList = await self._call(
             "list", kind, [namespace], lambda: self.inner.list(kind, namespace=namespace, selector=selector)
         )
         return result
 
     def watch(
-        self, kind: Kind, *, resource_version: str, namespace: str | None = None, selector: Selector = EVERYTHING
+        self,
+        kind: Kind,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        selector: Selector = EVERYTHING,
     ) -> AsyncIterator[WatchEvent]:
-        return self.inner.watch(kind, resource_version=resource_version, namespace=namespace, selector=selector)
+        return self.inner.watch(
+            kind, resource_version=resource_version, namespace=namespace, selector=selector
+        )
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
         result: JsonObj = await self._call(
@@ -156,19 +165,30 @@ class FaultyStore:
             kind,
             [name, namespace, subresource, patch],
             lambda: self.inner.patch(
-                kind, name, patch, namespace=namespace, subresource=subresource, resource_version=resource_version
+                kind,
+                name,
+                patch,
+                namespace=namespace,
+                subresource=subresource,
+                resource_version=resource_version,
             ),
         )
         return self._check(kind, result)
 
     async def delete(self, kind: Kind, name: str, *, namespace: str | None = None, **kw: Any) -> None:
         await self._call(
-            "delete", kind, [name, namespace], lambda: self.inner.delete(kind, name, namespace=namespace, **kw)
+            "delete",
+            kind,
+            [name, namespace],
+            lambda: self.inner.delete(kind, name, namespace=namespace, **kw),
         )
 
     async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
         await self._call(
-            "bind", Kind.POD, [namespace, name, node], lambda: self.inner.bind(namespace, name, uid=uid, node=node)
+            "bind",
+            Kind.POD,
+            [namespace, name, node],
+            lambda: self.inner.bind(namespace, name, uid=uid, node=node),
         )
 
     async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:

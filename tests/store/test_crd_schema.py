@@ -23,7 +23,9 @@ SETTINGS = StoreSettings(kind="kube", request_timeout_seconds=5.0, watch_timeout
 @pytest.fixture
 async def kube() -> AsyncIterator[tuple[FakeApiServer, KubeStore]]:
     async with FakeApiServer() as api:
-        store = KubeStore.for_host(api.url, SETTINGS, reconnect=Backoff(initial=0.02, maximum=0.2, jitter=0.0))
+        store = KubeStore.for_host(
+            api.url, SETTINGS, reconnect=Backoff(initial=0.02, maximum=0.2, jitter=0.0)
+        )
         try:
             yield api, store
         finally:
@@ -63,7 +65,7 @@ async def test_unknown_fields_are_pruned_at_every_depth(kube: tuple[FakeApiServe
 async def test_invalid_values_get_422_and_change_nothing(
     kube: tuple[FakeApiServer, KubeStore], patch: dict[str, object], field: str
 ) -> None:
-    api, store = kube
+    _api, store = kube
     before = await store.create(Kind.GPUNODE, node())
     with pytest.raises(StoreError) as info:
         await store.patch(Kind.GPUNODE, "gpu-1", patch)
