@@ -61,6 +61,7 @@ from flexlease.errors import FlexleaseError, NotFound, StoreError
 from flexlease.sim import objects
 from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient
 from flexlease.sim.extender_proc import free_port, running_extender
+from flexlease.store import graceful
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.sqlite import SqliteStore
 from nodeagent.cri import podspec
@@ -162,8 +163,11 @@ class Kubelet:
     """Stand-in kubelet for every node (one containerd here): admits each bound, non-terminated
     pod through its node's test kubelet (``devices[node]``, which calls that node agent's device
     plugin over gRPC), runs it as a sandbox with one container (the pod's image, with the
-    plugin's ``NVIDIA_VISIBLE_DEVICES``) and reports it Running with its pod IP; tears down the
-    sandboxes of pods that are gone (evicted, deleted) and frees their devices."""
+    plugin's ``NVIDIA_VISIBLE_DEVICES``) and reports it Running with its pod IP. For a pod being
+    deleted (Terminating: ``deletionTimestamp`` set by a delete or an eviction) it stops the
+    sandbox, frees its devices, then confirms the deletion with grace period 0, as the kubelet's
+    status manager does, so the pod holds its GPUs until its containers are gone; tears down
+    the sandboxes of pods that are gone."""
 
     cri: GrpcCri
     testbed: Testbed
@@ -175,6 +179,13 @@ class Kubelet:
 
     async def sync(self) -> None:
         pods = {p["metadata"]["uid"]: p for p in (await self.store.list(Kind.POD)).items}
+        for uid, pod in list(pods.items()):
+            if pod["metadata"].get("deletionTimestamp"):
+                if uid in self.running:
+                    await self._stop(uid)
+                meta = pod["metadata"]
+                await graceful.confirm_pod_deletion(self.store, meta["namespace"], meta["name"])
+                del pods[uid]
         for uid in [u for u in self.running if u not in pods]:
             await self._stop(uid)  # first, so a pod's devices are free before a successor's admission
         for uid, pod in pods.items():

@@ -49,6 +49,7 @@ from flexlease.logging import ctx
 from flexlease.sim import failures, metrics, objects, tide, tiering, traces
 from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient
 from flexlease.sim.scenario import Policy, Scenario, assign_models
+from flexlease.store import graceful
 from flexlease.store.base import JsonObj, Kind, Store
 
 log = logging.getLogger(__name__)
@@ -451,13 +452,19 @@ class Simulation:
         self.dirty = True
 
     async def _delete_pod(self, pod: SimPod) -> None:
+        """Delete ``pod`` and, as its node's kubelet (the simulated containers stop at once),
+        confirm the deletion, so its GPUs are free."""
         with contextlib.suppress(NotFound):
             await self.store.delete(Kind.POD, pod.name, namespace=pod.namespace)
+        await graceful.confirm_pod_deletion(self.store, pod.namespace, pod.name)
         self._release(pod)
 
     async def reconcile_pods(self, t: float) -> int:
-        """Drop pods the store no longer has (evicted by the lease controller); their LP
-        jobs are resubmitted. Returns how many bound LP pods were found gone."""
+        """Confirm the deletion of Terminating pods (evicted by the lease controller), as
+        their kubelets would once the simulated containers stopped (at once), then drop pods
+        the store no longer has; their LP jobs are resubmitted. Returns how many bound LP
+        pods were found gone."""
+        await graceful.confirm_terminating(self.store)
         listed = await self.store.list(Kind.POD)
         present = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in listed.items}
         gone = 0
@@ -687,6 +694,7 @@ class Simulation:
         for victim in victims_on_node:
             try:
                 await self.store.evict(victim.namespace, victim.name)
+                await graceful.confirm_pod_deletion(self.store, victim.namespace, victim.name)
             except NotFound:
                 pass
             except TooManyRequests:

@@ -163,8 +163,16 @@ class Store(Protocol):
         object has moved on. Raises ``NotFound``."""
         ...
 
-    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
-        """Delete. Raises ``NotFound``."""
+    async def delete(
+        self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_seconds: int | None = None
+    ) -> None:
+        """Delete. A Pod bound to a node is deleted gracefully, as by the API server (see
+        :func:`flexlease.store.semantics.delete_pod`): it stays, Terminating (MODIFIED with
+        ``metadata.deletionTimestamp`` and ``deletionGracePeriodSeconds``, default its
+        ``spec.terminationGracePeriodSeconds`` or 30), still holding its devices, until a
+        delete with ``grace_period_seconds=0`` — the kubelet's confirmation that its
+        containers are gone (:func:`flexlease.store.graceful.confirm_pod_deletion`).
+        Unbound and terminal pods and other kinds go at once. Raises ``NotFound``."""
         ...
 
     async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
@@ -174,8 +182,10 @@ class Store(Protocol):
         ...
 
     async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:
-        """Evict through the Eviction API (``policy/v1``). Raises ``NotFound``;
-        ``TooManyRequests`` when a PodDisruptionBudget forbids it now."""
+        """Evict through the Eviction API (``policy/v1``): the pod is then deleted as by
+        :meth:`delete` with ``grace_period_seconds`` (so it stays Terminating until
+        confirmed). Raises ``NotFound``; ``TooManyRequests`` when a PodDisruptionBudget
+        forbids it now."""
         ...
 
     async def close(self) -> None:

@@ -407,9 +407,15 @@ class KubeStore:
         )
         return _with_type(res, updated)
 
-    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
-        """``DELETE`` with the server's default grace period. Raises ``NotFound``."""
-        await self._call("DELETE", _object_path(RESOURCES[kind], name, namespace))
+    async def delete(
+        self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_seconds: int | None = None
+    ) -> None:
+        """``DELETE`` with ``DeleteOptions.gracePeriodSeconds`` (the server's default when
+        None; 0 = now). Raises ``NotFound``."""
+        body: JsonObj | None = None
+        if grace_period_seconds is not None:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_period_seconds}
+        await self._call("DELETE", _object_path(RESOURCES[kind], name, namespace), body=body)
 
     async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
         """``POST pods/{name}/binding``. Raises ``NotFound``; ``Conflict`` when the pod is

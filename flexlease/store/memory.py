@@ -68,8 +68,10 @@ class MemoryStore:
       ``patch`` is a JSON merge patch with the ``status`` subresource and resourceVersion
       preconditions (``Conflict``); ``bind`` sets ``spec.nodeName`` and ``PodScheduled``;
       ``evict`` honours one PodDisruptionBudget per pod (``TooManyRequests`` at 0 allowed
-      disruptions, else it spends one) and, there being no kubelet, deletes the pod at once
-      (``grace_period_seconds`` is accepted and ignored);
+      disruptions, else it spends one), then deletes the pod as ``delete`` does;
+    * a bound Pod is deleted gracefully (:func:`semantics.delete_pod`): it stays Terminating
+      with ``deletionTimestamp`` until a delete with grace period 0 confirms it (the
+      kubelet's part; :mod:`flexlease.store.graceful` has the helpers);
     * every object handed out is a private copy; objects passed in are copied on write.
 
     Limits: one event loop (not thread-safe; every method runs without awaiting, so each
@@ -217,12 +219,31 @@ class MemoryStore:
             return semantics.decode(text)
         return self._write(kind, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
 
-    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
-        """Delete at once (no finalizers, no grace period). Raises ``NotFound``."""
+    async def delete(
+        self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_seconds: int | None = None
+    ) -> None:
+        """Delete; a bound Pod gracefully (see :func:`semantics.delete_pod`), other kinds at
+        once (no finalizers). Raises ``NotFound``."""
         self._check_open()
         key = semantics.object_key(kind, name, namespace)
-        entry = self._entry(kind, key)
-        self._write(kind, key, change=EventType.DELETED, obj=entry[0], prev=entry)
+        self._delete(kind, key, self._entry(kind, key), grace_period_seconds)
+
+    def _delete(
+        self,
+        kind: Kind,
+        key: semantics.ObjectKey,
+        entry: tuple[JsonObj, str],
+        grace_period_seconds: int | None,
+    ) -> None:
+        current = entry[0]
+        if kind is Kind.POD:
+            kept = semantics.delete_pod(current, grace_period_seconds=grace_period_seconds)
+            if kept is current:
+                return
+            if kept is not None:
+                self._write(kind, key, change=EventType.MODIFIED, obj=kept, prev=entry)
+                return
+        self._write(kind, key, change=EventType.DELETED, obj=current, prev=entry)
 
     async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
         """The pod's Binding (see :func:`semantics.apply_bind`). Raises ``NotFound``,
@@ -234,7 +255,7 @@ class MemoryStore:
         self._write(Kind.POD, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
 
     async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:
-        """Eviction API (see :func:`semantics.eviction_budget`), then deletion of the pod.
+        """Eviction API (see :func:`semantics.eviction_budget`), then graceful deletion of the pod.
         Raises ``NotFound``, ``TooManyRequests`` (budget exhausted), ``StoreError`` (500:
         several budgets select the pod)."""
         self._check_open()
@@ -252,7 +273,8 @@ class MemoryStore:
                 obj=semantics.spend_budget(pdb, name),
                 prev=pdb_entry,
             )
-        self._write(Kind.POD, key, change=EventType.DELETED, obj=pod_entry[0], prev=pod_entry)
+        pod_entry = self._entry(Kind.POD, key)
+        self._delete(Kind.POD, key, pod_entry, grace_period_seconds)
 
     def _write(
         self,

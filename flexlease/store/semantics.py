@@ -7,6 +7,8 @@ asyncio; the stores own revisions, locking and persistence. Sources (kubernetes/
 (create drops ``status``; the ``status`` subresource), ``pkg/registry/core/pod/strategy.go``
 (pods start ``Pending``), ``pkg/registry/core/pod/storage/storage.go`` (``BindingREST``),
 ``pkg/registry/core/pod/storage/eviction.go`` (``canIgnorePDB``, one PDB at most),
+``staging/src/k8s.io/apiserver/pkg/registry/rest/delete.go`` (``BeforeDelete``: graceful
+deletion) with the pod strategy's ``CheckGracefulDelete`` (``pkg/registry/core/pod/strategy.go``),
 ``staging/src/k8s.io/apiserver/pkg/storage/cacher`` (selector transitions in watches).
 """
 
@@ -16,7 +18,7 @@ import json
 import secrets
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from flexlease.api import keys
@@ -43,7 +45,16 @@ FIRST_REVISION: Final = 1
 store's revision, so it keeps its Kubernetes meaning in ``watch`` ("any": start from now)."""
 
 # metadata the server owns: restored after every patch
-_SERVER_META: Final = ("name", "namespace", "uid", "creationTimestamp", "resourceVersion", "generation")
+_SERVER_META: Final = (
+    "name",
+    "namespace",
+    "uid",
+    "creationTimestamp",
+    "resourceVersion",
+    "generation",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+)
 # pkg/apis/core/validation ValidatePodUpdate: top-level spec fields an update may change
 _POD_SPEC_MUTABLE: Final = frozenset({"activeDeadlineSeconds", "tolerations", "schedulingGates"})
 # k8s.io/apiserver/pkg/storage/names: SimpleNameGenerator's alphabet and length
@@ -292,6 +303,56 @@ def apply_bind(pod: JsonObj, *, uid: str | None, node: str) -> JsonObj:
     out["spec"] = {**spec, "nodeName": node}
     out["status"] = status
     return out
+
+
+DEFAULT_TERMINATION_GRACE_SECONDS: Final = 30
+"""``spec.terminationGracePeriodSeconds`` when a pod does not set it
+(``DefaultTerminationGracePeriodSeconds``)."""
+
+
+def delete_pod(
+    pod: JsonObj, *, grace_period_seconds: int | None, now: datetime | None = None
+) -> JsonObj | None:
+    """What a DELETE (or an eviction) does to ``pod``, as the API server's graceful deletion
+    decides it: None = the pod is removed now; otherwise the pod to store, Terminating
+    (``metadata.deletionTimestamp`` = now + grace, ``deletionGracePeriodSeconds`` = grace),
+    or ``pod`` itself (same object) when nothing changes.
+
+    Rules (``rest.BeforeDelete`` + ``podStrategy.CheckGracefulDelete``): the grace period
+    defaults to ``spec.terminationGracePeriodSeconds`` (30); a pod that is not scheduled
+    (no ``spec.nodeName``) or is terminal (``Succeeded``/``Failed``) goes at once; grace 0
+    removes (it is how the kubelet confirms that the containers are gone, and a force
+    delete); a negative grace period counts as 1 s; a pod already Terminating only has its
+    grace period shortened, never lengthened."""
+    spec = pod.get("spec") or {}
+    grace = grace_period_seconds
+    if grace is None:
+        default = spec.get("terminationGracePeriodSeconds")
+        grace = (
+            int(default) if isinstance(default, int) and default >= 0 else DEFAULT_TERMINATION_GRACE_SECONDS
+        )
+    phase = (pod.get("status") or {}).get("phase")
+    if not spec.get("nodeName") or phase in ("Succeeded", "Failed") or grace == 0:
+        return None
+    grace = max(grace, 1)
+    meta = pod.get("metadata") or {}
+    current = meta.get("deletionGracePeriodSeconds")
+    if meta.get("deletionTimestamp") and isinstance(current, int) and current <= grace:
+        return pod
+    when = (now or datetime.now(UTC)) + timedelta(seconds=grace)
+    out = dict(pod)
+    out["metadata"] = {
+        **meta,
+        "deletionTimestamp": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "deletionGracePeriodSeconds": grace,
+    }
+    return out
+
+
+def is_terminating(obj: JsonObj) -> bool:
+    """True when the object carries a ``metadata.deletionTimestamp`` (deletion requested,
+    waiting for its grace period or the kubelet's confirmation)."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def label_selector_matches(selector: Any, labels: Mapping[str, str]) -> bool:

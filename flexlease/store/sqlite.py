@@ -328,21 +328,16 @@ class SqliteStore:
         self._wake(kind)
         return patched
 
-    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
-        """Delete at once (no finalizers, no grace period). Raises ``NotFound``."""
+    async def delete(
+        self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_seconds: int | None = None
+    ) -> None:
+        """Delete; a bound Pod gracefully (see :func:`semantics.delete_pod`), other kinds at
+        once (no finalizers). Raises ``NotFound``."""
         key = semantics.object_key(kind, name, namespace)
 
         def write(conn: sqlite3.Connection, revs: _Revisions) -> None:
             text = _fetch(conn, kind, key)
-            _put(
-                conn,
-                revs,
-                kind=kind,
-                key=key,
-                change=EventType.DELETED,
-                obj=semantics.decode(text),
-                prev_text=text,
-            )
+            _delete_row(conn, revs, kind=kind, key=key, text=text, grace_period_seconds=grace_period_seconds)
 
         await self._call(functools.partial(self._write, write))
         self._wake(kind)
@@ -361,9 +356,9 @@ class SqliteStore:
         self._wake(Kind.POD)
 
     async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:
-        """Eviction API (see :func:`semantics.eviction_budget`), then deletion of the pod, in
-        one transaction. Raises ``NotFound``, ``TooManyRequests`` (budget exhausted),
-        ``StoreError`` (500: several budgets select the pod)."""
+        """Eviction API (see :func:`semantics.eviction_budget`), then graceful deletion of the
+        pod (as :meth:`delete`), in one transaction. Raises ``NotFound``, ``TooManyRequests``
+        (budget exhausted), ``StoreError`` (500: several budgets select the pod)."""
         key = semantics.object_key(Kind.POD, name, namespace)
 
         def write(conn: sqlite3.Connection, revs: _Revisions) -> None:
@@ -386,7 +381,9 @@ class SqliteStore:
                     obj=spent,
                     prev_text=pdb_text,
                 )
-            _put(conn, revs, kind=Kind.POD, key=key, change=EventType.DELETED, obj=pod, prev_text=pod_text)
+            _delete_row(
+                conn, revs, kind=Kind.POD, key=key, text=pod_text, grace_period_seconds=grace_period_seconds
+            )
 
         await self._call(functools.partial(self._write, write))
         self._wake(Kind.PDB)
@@ -496,6 +493,29 @@ def _put(
         (revision, kind.value, *key, change.value, text, prev_text if change is EventType.MODIFIED else None),
     )
     return semantics.decode(text)
+
+
+def _delete_row(
+    conn: sqlite3.Connection,
+    revs: _Revisions,
+    *,
+    kind: Kind,
+    key: semantics.ObjectKey,
+    text: str,
+    grace_period_seconds: int | None,
+) -> None:
+    """Delete the object stored as ``text``: a bound Pod gracefully (a MODIFIED that marks it
+    Terminating, or nothing when it already is with a grace period no longer), else a
+    DELETED."""
+    obj = semantics.decode(text)
+    if kind is Kind.POD:
+        kept = semantics.delete_pod(obj, grace_period_seconds=grace_period_seconds)
+        if kept is obj:
+            return
+        if kept is not None:
+            _put(conn, revs, kind=kind, key=key, change=EventType.MODIFIED, obj=kept, prev_text=text)
+            return
+    _put(conn, revs, kind=kind, key=key, change=EventType.DELETED, obj=obj, prev_text=text)
 
 
 def _list(conn: sqlite3.Connection, *, kind: Kind, namespace: str | None, selector: Selector) -> ObjectList:

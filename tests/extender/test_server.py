@@ -150,7 +150,7 @@ async def test_watch_changes_reach_filter(start: Any, store: MemoryStore) -> Non
     client = await start()
     pod = payloads.pod("p", gpus=1, priority="high", owner="x", spec_priority=1000)
     assert (await post(client, "filter", payloads.extender_args(pod, ["n-busy"])))["FailedNodes"]
-    await store.delete(Kind.POD, "lp-1", namespace="ml")
+    await store.delete(Kind.POD, "lp-1", namespace="ml", grace_period_seconds=0)
     after = await store.patch(
         Kind.GPUNODE,
         "n-free",
@@ -534,7 +534,7 @@ async def test_watch_lists_again_after_gone(aiohttp_client: Any, caplog: pytest.
                         f"p{i}", node_name="n1", phase="Running", annotations=payloads.assigned("n1", i % 2)
                     ),
                 )
-            await store.delete(Kind.POD, "p0", namespace="ml")
+            await store.delete(Kind.POD, "p0", namespace="ml", grace_period_seconds=0)
             await store.compact()
             await eventually(lambda: inv.summary()["pods"] == 5)
         assert "watch too old; listing again" in caplog.text

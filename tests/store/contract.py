@@ -83,9 +83,20 @@ def rv(obj: JsonObj) -> int:
 
 
 def terminating(event: WatchEvent) -> bool:
-    """A MODIFIED that only starts a graceful deletion (``metadata.deletionTimestamp``): an
-    API server with a kubelet sends it before the DELETED; stores without one delete at once."""
+    """A MODIFIED that only starts a graceful deletion (``metadata.deletionTimestamp``): every
+    store sends it for a bound pod before the DELETED that the kubelet's confirmation causes."""
     return event.type is EventType.MODIFIED and bool(event.object["metadata"].get("deletionTimestamp"))
+
+
+async def _raw_events(watch: AsyncIterator[WatchEvent], count: int) -> list[WatchEvent]:
+    """The next ``count`` events but BOOKMARKs, within :data:`TIMEOUT`."""
+    out: list[WatchEvent] = []
+    async with asyncio.timeout(TIMEOUT):
+        while len(out) < count:
+            event = await anext(watch)
+            if event.type is not EventType.BOOKMARK:
+                out.append(event)
+    return out
 
 
 async def next_events(watch: AsyncIterator[WatchEvent], count: int) -> list[WatchEvent]:
@@ -407,7 +418,7 @@ class StoreContract:
             await store.bind(NS, "a", uid=None, node="gpu-1")  # starts matching: ADDED
             await store.patch(Kind.POD, "a", {"metadata": {"labels": {"x": "1"}}}, namespace=NS)
             await store.create(Kind.POD, make_pod("b", node="gpu-1"))
-            await store.delete(Kind.POD, "a", namespace=NS)
+            await store.delete(Kind.POD, "a", namespace=NS, grace_period_seconds=0)
             events = await next_events(watch, 4)
         assert summary(events) == [("ADDED", "a"), ("MODIFIED", "a"), ("ADDED", "b"), ("DELETED", "a")]
         assert events[0].object["spec"]["nodeName"] == "gpu-1"
@@ -516,15 +527,56 @@ class StoreContract:
             Kind.POD, name, {"status": {"phase": "Running"}}, namespace=namespace, subresource="status"
         )
 
-    async def test_evict_without_budget_deletes(self, store: Store) -> None:
+    async def test_evict_without_budget_deletes_gracefully(self, store: Store) -> None:
         await self._running_pod(store, "p1", {"app": "x"})
         start = (await store.list(Kind.POD)).resource_version
         async with watching(store, Kind.POD, start) as watch:
             await store.evict(NS, "p1", grace_period_seconds=30)
+            (marked,) = await _raw_events(watch, 1)
+            terminating_pod = await store.get(Kind.POD, "p1", namespace=NS)
+            await store.delete(Kind.POD, "p1", namespace=NS, grace_period_seconds=0)  # the kubelet confirms
             (event,) = await next_events(watch, 1)
+        assert terminating(marked) and marked.object["metadata"]["deletionGracePeriodSeconds"] == 30
+        assert terminating_pod["metadata"]["deletionTimestamp"]
         assert (event.type, event.object["metadata"]["name"]) == (EventType.DELETED, "p1")
         with pytest.raises(NotFound):
             await store.get(Kind.POD, "p1", namespace=NS)
+
+    async def test_graceful_pod_deletion(self, store: Store) -> None:
+        """A bound pod stays Terminating until a delete with grace 0; a repeated delete only
+        shortens the grace period; the deletion marks cannot be patched away; an unbound pod
+        goes at once."""
+        await self._running_pod(store, "p1", {})
+        await store.delete(Kind.POD, "p1", namespace=NS)
+        first = await store.get(Kind.POD, "p1", namespace=NS)
+        assert first["metadata"]["deletionGracePeriodSeconds"] == 30  # terminationGracePeriodSeconds default
+        await store.delete(Kind.POD, "p1", namespace=NS, grace_period_seconds=60)  # longer: ignored
+        assert await store.get(Kind.POD, "p1", namespace=NS) == first
+        await store.delete(Kind.POD, "p1", namespace=NS, grace_period_seconds=5)  # shorter: taken
+        shortened = await store.get(Kind.POD, "p1", namespace=NS)
+        assert shortened["metadata"]["deletionGracePeriodSeconds"] == 5
+        patched = await store.patch(
+            Kind.POD,
+            "p1",
+            {
+                "metadata": {
+                    "deletionTimestamp": None,
+                    "deletionGracePeriodSeconds": None,
+                    "labels": {"a": "b"},
+                }
+            },
+            namespace=NS,
+        )
+        assert patched["metadata"]["deletionTimestamp"] == shortened["metadata"]["deletionTimestamp"]
+        await store.delete(Kind.POD, "p1", namespace=NS, grace_period_seconds=-1)  # counts as 1 s
+        assert (await store.get(Kind.POD, "p1", namespace=NS))["metadata"]["deletionGracePeriodSeconds"] == 1
+        await store.delete(Kind.POD, "p1", namespace=NS, grace_period_seconds=0)
+        with pytest.raises(NotFound):
+            await store.get(Kind.POD, "p1", namespace=NS)
+        await store.create(Kind.POD, make_pod("unbound"))
+        await store.delete(Kind.POD, "unbound", namespace=NS)
+        with pytest.raises(NotFound):
+            await store.get(Kind.POD, "unbound", namespace=NS)
 
     async def test_evict_honours_pod_disruption_budget(self, store: Store) -> None:
         await self._running_pod(store, "p1", {"app": "x"})
@@ -537,8 +589,7 @@ class StoreContract:
             Kind.PDB, "x-budget", {"status": {"disruptionsAllowed": 1}}, namespace=NS, subresource="status"
         )
         await store.evict(NS, "p1")
-        with pytest.raises(NotFound):
-            await store.get(Kind.POD, "p1", namespace=NS)
+        assert (await store.get(Kind.POD, "p1", namespace=NS))["metadata"]["deletionTimestamp"]
         pdb = await store.get(Kind.PDB, "x-budget", namespace=NS)
         assert pdb["status"]["disruptionsAllowed"] == 0
         with pytest.raises(TooManyRequests):

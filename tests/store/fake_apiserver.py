@@ -849,6 +849,8 @@ class FakeApiServer:
             terminal = (old.get("status") or {}).get("phase") in ("Succeeded", "Failed")
             if not old["spec"].get("nodeName") or terminal:
                 grace = 0
+            if grace < 0:
+                grace = 1  # CheckGracefulDelete: a negative period becomes 1
             current = old["metadata"].get("deletionGracePeriodSeconds")
             if grace > 0 and (current is None or grace < int(current)):
                 new = copy.deepcopy(old)

@@ -75,6 +75,9 @@ class TestKubeStore(StoreContract):
     @pytest.fixture
     async def store(self, api: FakeApiServer) -> AsyncIterator[Store]:
         self.api = api
+        api.kubelet_confirms_deletion = (
+            False  # graceful deletion waits for grace 0, as the embedded stores do
+        )
         async with kube_store(api) as s:
             yield s
 

@@ -29,6 +29,7 @@ from flexlease.clock import ManualClock
 from flexlease.config import LeaseSettings, OrchestratorSettings, Settings
 from flexlease.errors import ProfileError
 from flexlease.store.base import Kind, Store
+from flexlease.store.graceful import confirm_terminating
 from flexlease.store.memory import MemoryStore
 from flexlease.store.sqlite import SqliteStore
 from tests.extender.lease.builders import gpunode, lease, pdb, pod
@@ -157,7 +158,7 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
     store: MemoryStore, clock: ManualClock
 ) -> None:
     await add_node(store, gpunode("n1", ["HA", "HA", "HA", "MA", "LA", "HA", "HA", "HA"]))
-    async with running(store, clock) as (_, registry):
+    async with running(store, clock) as (controller, registry):
         await add_lease(store, lease("lend", "Lend", devices=[("n1", i) for i in range(5)]))
         await eventually(phase_is(store, "lend", "Done"))
         assert await tags(store, "n1") == {0: OWNER, 1: OWNER, 2: OWNER, 3: OWNER}  # LA n1/4 untagged
@@ -205,13 +206,23 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
         await asyncio.sleep(0.05)
         assert await pod_names(store) == {"lp-a", "lp-b", "lp-c"}  # still in the grace period
         await clock.advance(1)
-        await eventually(lambda: _pods_are(store, {"lp-c"}))
+        # evicted: Terminating, still on their GPUs until the kubelet confirms
+        await eventually(lambda: _terminating_are(store, {"lp-a", "lp-b"}))
         assert sample(registry, "flexlease_lease_evictions_total") == 2
 
         async def freed() -> bool:
             conds = (await get_lease(store, "reclaim"))["status"].get("conditions", [])
             return any(c["type"] == "GPUsFreed" and c["status"] == "True" for c in conds)
 
+        await eventually(
+            lambda: _true(
+                all(controller.view().holders[f"lp/{n}"].terminating for n in ("lp-a", "lp-b"))
+                and controller.idle
+            )
+        )
+        assert not await freed()  # holders still Terminating: their GPUs are not free
+        assert await confirm_terminating(store) == ["lp/lp-a", "lp/lp-b"]  # the kubelet
+        await eventually(lambda: _pods_are(store, {"lp-c"}))
         await eventually(freed)
         assert await tags(store, "n1") == {i: OWNER for i in range(4)}  # still reserved for the owner
 
@@ -229,6 +240,19 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
 
 async def _pods_are(store: Store, names: set[str]) -> bool:
     return await pod_names(store) == names
+
+
+async def evicted_and_confirmed(store: Store, names: set[str]) -> None:
+    """Wait until the LP pods ``names`` are evicted (Terminating), then confirm their
+    deletion as their kubelet would, and wait until they are gone."""
+    await eventually(lambda: _terminating_are(store, names))
+    await confirm_terminating(store, namespace="lp")
+    await eventually(lambda: _pods_are(store, set()))
+
+
+async def _terminating_are(store: Store, names: set[str]) -> bool:
+    pods = (await store.list(Kind.POD, namespace="lp")).items
+    return {p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp")} == names
 
 
 async def _tags_are(store: Store, node: str, want: dict[int, str]) -> bool:
@@ -294,7 +318,7 @@ async def test_restarted_controller_finishes_a_reclaim_mid_grace_period(
 
     await clock.advance(31)  # the grace period ends while no controller runs
     async with running(store, clock):  # a new process: nothing in memory
-        await eventually(lambda: _pods_are(store, set()))
+        await evicted_and_confirmed(store, {"lp-a"})
         await bind_owner(store, "rec-0", "n1", [0, 1, 2, 3])
         await eventually(phase_is(store, "reclaim", "Done"))
     assert reasons(await events(store)).count("PreemptNotice") == notices_before == 1  # not noticed twice
@@ -331,7 +355,7 @@ async def test_a_pdb_delays_the_eviction_until_it_allows_it(store: MemoryStore, 
 
         await store.patch(Kind.PDB, "batch", {"status": {"disruptionsAllowed": 1}}, namespace="lp")
         await clock.advance(5)
-        await eventually(lambda: _pods_are(store, set()))
+        await evicted_and_confirmed(store, {"lp-a"})
         await bind_owner(store, "rec-0", "n1", [0])
         await eventually(phase_is(store, "reclaim", "Done"))
 
@@ -402,7 +426,7 @@ async def test_lend_and_reclaim_on_sqlite(tmp_path: Path, clock: ManualClock) ->
             await add_lease(sqlite, lease("reclaim", "Reclaim", count=4, grace=30))
             await eventually(lambda: _has_reason(sqlite, "PreemptNotice"))
             await clock.advance(30)
-            await eventually(lambda: _pods_are(sqlite, set()))
+            await evicted_and_confirmed(sqlite, {"lp-a"})
             await bind_owner(sqlite, "rec-0", "n1", [0, 1, 2, 3])
             await eventually(phase_is(sqlite, "reclaim", "Done"))
     finally:
