@@ -28,6 +28,9 @@ async def test_demo_day_lends_reclaims_supplements_and_hot_restarts(
         FLEXLEASE_TESTBED_TRAINER_V1=tb.trainer_v1,
         FLEXLEASE_TESTBED_TRAINER_V2=tb.trainer_v2,
         FLEXLEASE_TESTBED_CGROUP_PARENT=tb.cgroup_parent,
+        # the demo and the processes it starts import this checkout, not whatever the
+        # environment's editable install points at
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
     )
     out = tmp_path / "demo"
     proc = await asyncio.create_subprocess_exec(
