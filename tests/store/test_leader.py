@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -41,24 +40,82 @@ def config(identity: str, *, release: bool = True) -> ElectionConfig:
 
 
 class FlakyStore:
-    """A real store whose patches fail on demand (an API server this replica cannot reach)."""
+    """A real store whose patches fail on demand (an API server this replica cannot reach);
+    ``calls`` counts the elector's gets and patches (its attempts)."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.failing = False
+        self.calls = 0
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
     async def patch(self, *args: object, **kwargs: object) -> JsonObj:
+        self.calls += 1
         if self.failing:
             raise StoreError("connection refused (injected)", status=503)
         return await self.inner.patch(*args, **kwargs)  # type: ignore[arg-type]
 
     async def get(self, *args: object, **kwargs: object) -> JsonObj:
+        self.calls += 1
         if self.failing:
             raise StoreError("connection refused (injected)", status=503)
         return await self.inner.get(*args, **kwargs)  # type: ignore[arg-type]
+
+
+class ManualClock:
+    """A monotonic clock that moves only when told (the elector's lease arithmetic)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclasses.dataclass
+class Overlaps:
+    """What :func:`sampled` saw: samples taken, samples with two or more leaders, and the
+    sequence of leadership states (a tuple of leading identities, consecutive repeats
+    collapsed)."""
+
+    samples: int = 0
+    overlaps: int = 0
+    states: list[tuple[str, ...]] = dataclasses.field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def sampled(*electors: LeaderElector, every: float = 0.002) -> AsyncIterator[Overlaps]:
+    """Sample who leads every ``every`` seconds (and at each yield to the loop in between)
+    in a task of its own, for the whole block: "never two leaders" is checked all along,
+    not at two instants recorded by the test itself."""
+    seen = Overlaps()
+
+    async def sample() -> None:
+        while True:
+            leading = tuple(e.config.identity for e in electors if e.is_leader)
+            seen.samples += 1
+            seen.overlaps += len(leading) > 1
+            if not seen.states or seen.states[-1] != leading:
+                seen.states.append(leading)
+            await asyncio.sleep(every)
+
+    task = asyncio.create_task(sample(), name="leader-sampler")
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def attempts(store: FlakyStore, more: int) -> None:
+    """Wait until the elector on ``store`` has made ``more`` further store calls."""
+    target = store.calls + more
+    async with asyncio.timeout(5):
+        while store.calls < target:  # noqa: ASYNC110 - counts calls made by another task
+            await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
@@ -89,26 +146,29 @@ async def first_leader(*electors: LeaderElector) -> LeaderElector:
 
 
 async def test_exactly_one_leader(store: Store) -> None:
-    a, b = LeaderElector(store, config("a")), LeaderElector(store, config("b"))
+    fa, fb = FlakyStore(store), FlakyStore(store)
+    a, b = LeaderElector(fa, config("a")), LeaderElector(fb, config("b"))  # type: ignore[arg-type]
     async with running(a), running(b):
         leader = await first_leader(a, b)
-        for _ in range(30):  # 1.5 s: several renewals and lease durations
-            assert [a.is_leader, b.is_leader].count(True) == 1
-            assert leader.is_leader
-            await asyncio.sleep(0.05)
+        async with sampled(a, b) as seen:
+            await attempts(fa, 10)  # several renewals and lease durations
+            await attempts(fb, 10)
         spec = await lease_spec(store)
+    assert seen.overlaps == 0 and seen.samples > 10
+    assert seen.states == [(leader.config.identity,)]
     assert spec["holderIdentity"] in ("", leader.config.identity)  # released on exit
     follower = b if leader is a else a
     assert follower.holder == leader.config.identity or follower.holder == ""
 
 
 async def test_the_lease_records_holder_and_times(store: Store) -> None:
-    a = LeaderElector(store, config("a"))
+    fa = FlakyStore(store)
+    a = LeaderElector(fa, config("a"))  # type: ignore[arg-type]
     async with running(a):
         async with asyncio.timeout(5):
             await a.wait_leading()
         first = await lease_spec(store)
-        await asyncio.sleep(0.35)
+        await attempts(fa, 4)  # two renewals (a get and a patch each)
         later = await lease_spec(store)
     assert first["holderIdentity"] == "a"
     assert first["leaseDurationSeconds"] == 1 and first["leaseTransitions"] == 0
@@ -121,43 +181,49 @@ async def test_the_lease_records_holder_and_times(store: Store) -> None:
 
 async def test_failover_when_the_holder_stops_renewing(store: Store) -> None:
     a = LeaderElector(store, config("a", release=False))
-    b = LeaderElector(store, config("b"))
+    b_clock = ManualClock()
+    fb = FlakyStore(store)
+    b = LeaderElector(fb, config("b"), clock=b_clock)  # type: ignore[arg-type]
     async with contextlib.AsyncExitStack() as stack:
         stop_a = await stack.enter_async_context(running(a))
         async with asyncio.timeout(5):
             await a.wait_leading()
         await stack.enter_async_context(running(b))
-        await asyncio.sleep(0.3)
+        await attempts(fb, 3)
         assert not b.is_leader
         stop_a.cancel()  # a is gone without a word: its lease must expire first
         with contextlib.suppress(asyncio.CancelledError):
             await stop_a
-        stopped = time.monotonic()
+        await attempts(fb, 6)  # b keeps trying, but on its clock a's lease has not run out
+        assert not b.is_leader and (await lease_spec(store))["holderIdentity"] == "a"
+        b_clock.now += 1.0  # one lease duration since b last saw the record change
         async with asyncio.timeout(5):
             await b.wait_leading()
-        waited = time.monotonic() - stopped
         spec = await lease_spec(store)
-    assert 0.6 < waited < 3.0
     assert spec["holderIdentity"] == "b" and spec["leaseTransitions"] == 1
 
 
 async def test_release_on_shutdown_hands_over_at_once(store: Store) -> None:
+    """b's clock stands still, so a's lease can never expire for b: b leads only because a
+    released the Lease on shutdown."""
     a = LeaderElector(store, dataclasses.replace(config("a"), lease_duration=4.0, renew_deadline=2.0))
-    b = LeaderElector(store, dataclasses.replace(config("b"), lease_duration=4.0, renew_deadline=2.0))
+    fb = FlakyStore(store)
+    b = LeaderElector(  # type: ignore[arg-type]
+        fb, dataclasses.replace(config("b"), lease_duration=4.0, renew_deadline=2.0), clock=ManualClock()
+    )
     async with contextlib.AsyncExitStack() as stack:
         stop_a = await stack.enter_async_context(running(a))
         async with asyncio.timeout(5):
             await a.wait_leading()
         await stack.enter_async_context(running(b))
-        await asyncio.sleep(0.3)
+        await attempts(fb, 3)
+        assert not b.is_leader
         stop_a.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await stop_a
-        released = time.monotonic()
         assert (await lease_spec(store))["holderIdentity"] in ("", "b")
         async with asyncio.timeout(5):
             await b.wait_leading()
-        assert time.monotonic() - released < 2.0  # well under the 4 s lease duration
 
 
 async def test_steps_down_when_renewals_fail_past_the_deadline(store: Store) -> None:
@@ -167,17 +233,16 @@ async def test_steps_down_when_renewals_fail_past_the_deadline(store: Store) -> 
     async with running(a):
         async with asyncio.timeout(5):
             await a.wait_leading()
-        async with running(b):
+        async with running(b), sampled(a, b) as seen:
             flaky.failing = True
             async with asyncio.timeout(5):
                 await a.wait_not_leading()
-                a_stepped_down = time.monotonic()
                 await b.wait_leading()
-                b_took_over = time.monotonic()
-            assert a_stepped_down < b_took_over  # never two leaders, even for a moment
             flaky.failing = False  # a reaches the store again, but b holds a valid lease
-            await asyncio.sleep(0.4)
+            await attempts(flaky, 6)
             assert b.is_leader and not a.is_leader
+    assert seen.overlaps == 0  # never two leaders, sampled all along
+    assert seen.states[0] == ("a",) and seen.states[-1] == ("b",) and () in seen.states
 
 
 async def test_while_leading_runs_work_only_while_leading(store: Store) -> None:
