@@ -1,5 +1,5 @@
 """Structural-schema validation and pruning of custom resources, as kube-apiserver applies
-them, from the CRDs in ``manifests/crds/``.
+them, from the CRDs in ``manifests/base/crds/``.
 
 What the real server does on every create and update of a custom resource
 (``staging/src/k8s.io/apiextensions-apiserver``: ``pkg/apiserver/schema/pruning/algorithm.go``,
@@ -34,7 +34,7 @@ import yaml
 
 JsonObj = dict[str, Any]
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "crds"
+CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crds"
 _ROOT_KEPT = ("apiVersion", "kind", "metadata")
 
 
@@ -50,12 +50,14 @@ class SchemaError(Exception):
 @functools.cache
 def crd_schemas() -> dict[str, tuple[str, JsonObj]]:
     """Kind → (group, ``openAPIV3Schema`` of its served storage version) for every CRD in
-    ``manifests/crds``."""
+    ``manifests/base/crds``."""
     out: dict[str, tuple[str, JsonObj]] = {}
     for path in sorted(CRD_DIR.glob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
         version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
         out[crd["spec"]["names"]["kind"]] = (crd["spec"]["group"], version["schema"]["openAPIV3Schema"])
+    if set(out) != {"GPUNode", "GPULease"}:  # never check against nothing
+        raise RuntimeError(f"expected the GPUNode and GPULease CRDs in {CRD_DIR}, found {sorted(out)}")
     return out
 
 
@@ -139,5 +141,5 @@ def prune_and_validate(obj: JsonObj, *, dropped: list[str] | None = None) -> Jso
 
 
 def is_custom_kind(kind: str) -> bool:
-    """True for kinds defined by a CRD in ``manifests/crds``."""
+    """True for kinds defined by a CRD in ``manifests/base/crds``."""
     return kind in crd_schemas()

@@ -41,7 +41,7 @@ history: resumes get 410), :meth:`drop_watches` (cut every watch connection),
 tests that must hold on every store.
 
 * Custom resources (GPUNode, GPULease) are pruned to their CRD's structural schema from
-  ``manifests/crds/`` (unknown fields dropped, recorded in ``pruned``) and validated against
+  ``manifests/base/crds/`` (unknown fields dropped, recorded in ``pruned``) and validated against
   it on every create, patch and :meth:`FakeApiServer.put`: 422 Invalid with per-field
   causes, as kube-apiserver answers (see :mod:`tests.store.crd_schema` for the sources).
 

@@ -1,5 +1,5 @@
 """Custom resources through the stand-in API server are pruned and validated against the
-CRDs in manifests/crds, as kube-apiserver does: unknown fields vanish, invalid values get
+CRDs in manifests/base/crds, as kube-apiserver does: unknown fields vanish, invalid values get
 422 Invalid with per-field causes and change nothing."""
 
 from __future__ import annotations
