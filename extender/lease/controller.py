@@ -375,6 +375,10 @@ class LeaseController:
             )
             self._leases.put(raw)
             version = str(_meta(raw).get("resourceVersion") or "")
+        # tags first: a status that says Tagged/Done must never be written before the tags
+        # are (a tag write that keeps conflicting fails this reconcile, which backs off and
+        # plans again; a Done lease would never be reconciled again)
+        await self._apply_tags(plan.tags)
         new_status = plan.status.to_json_obj()
         if new_status != lease.status.to_json_obj():
             raw = await self._store.patch(
@@ -392,7 +396,6 @@ class LeaseController:
                     lease=f"{namespace}/{name}", phase=plan.status.phase.value, detail=plan.status.message
                 ),
             )
-        await self._apply_tags(plan.tags)
         await self._notify(plan, lease)
         retry = await self._evict(plan, lease, key=key)
         for note in plan.notes:
