@@ -203,8 +203,9 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
         assert sample(registry, "flexlease_lease_outstanding_reclaims") == 1
 
         await clock.advance(44)
-        await asyncio.sleep(0.05)
-        assert await pod_names(store) == {"lp-a", "lp-b", "lp-c"}  # still in the grace period
+        await eventually(lambda: _true(controller.idle))
+        assert sample(registry, "flexlease_lease_evictions_total") == 0  # still in the grace period
+        assert await _terminating_are(store, set())
         await clock.advance(1)
         # evicted: Terminating, still on their GPUs until the kubelet confirms
         await eventually(lambda: _terminating_are(store, {"lp-a", "lp-b"}))
