@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from extender.lease.clock import ManualClock
 from extender.lease.controller import CONFLICT_RETRIES
 from flexlease.api import keys
+from flexlease.clock import ManualClock
 from flexlease.errors import StoreError
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
@@ -71,7 +71,7 @@ async def test_a_reconcile_that_keeps_conflicting_backs_off_on_the_clock(clock: 
         await eventually(lambda: _true(controller.idle))  # nothing runs until the back-off ends
         assert (await get_lease(store, "lend")).get("status", {}).get("phase") != "Done"
         assert await tags(store, "n1") == {}
-        clock.advance(30)
+        await clock.advance(30)
         await eventually(phase_is(store, "lend", "Done"))
     assert await tags(store, "n1") == {0: OWNER}
     await store.close()
@@ -115,7 +115,7 @@ async def test_a_failed_status_write_is_retried(clock: ManualClock) -> None:
         await eventually(
             lambda: _true(sample(registry, "flexlease_lease_reconcile_errors_total", {"kind": "lease"}) >= 1)
         )
-        clock.advance(10)
+        await clock.advance(10)
         await eventually(phase_is(store, "lend", "Done"))
         assert failing.fired == 1
     assert await tags(store, "n1") == {0: OWNER}
