@@ -350,7 +350,18 @@ class LeaderElector:
         }
         try:
             async with asyncio.timeout(cfg.retry_period):
-                written = await self._write(record)
+                try:
+                    written = await self._write(record)
+                except Conflict:
+                    # a renewal cut short by the cancellation may have landed unseen (its
+                    # reply lost): read the record again and release it if it is still ours
+                    current = await self._store.get(Kind.LEASE, cfg.name, namespace=cfg.namespace)
+                    self._observe(
+                        dict(current.get("spec") or {}), str(current["metadata"]["resourceVersion"])
+                    )
+                    if self.holder != cfg.identity:
+                        return
+                    written = await self._write(record)
         except (StoreError, TimeoutError) as exc:
             log.warning(
                 "could not release the lease; it expires by itself",

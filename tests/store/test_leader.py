@@ -17,6 +17,7 @@ from flexlease.errors import StoreError
 from flexlease.store.base import JsonObj, Kind, Store
 from flexlease.store.leader import ElectionConfig, LeaderElector
 from tests.store.fake_apiserver import STORE_KINDS, any_store
+from tests.store.faults import FaultyStore
 
 NS = "flexlease-system"
 
@@ -281,3 +282,22 @@ def test_config_is_validated() -> None:
     cfg = ElectionConfig.from_settings(LeaseSettings(leader_lease_seconds=15), identity="extender-0")
     assert (cfg.lease_duration, cfg.renew_deadline, cfg.retry_period) == pytest.approx((15, 10, 2))
     assert (cfg.namespace, cfg.name) == ("flexlease-system", "flexlease-extender")
+
+
+async def test_release_after_a_renewal_cut_short_by_shutdown(store: Store) -> None:
+    """Shutdown arrives while a renewal is in flight: the renewal lands but its reply is never
+    read (as when SIGTERM cancels the request), so the release carries a stale
+    resourceVersion and meets 409; it reads the Lease again and still releases it."""
+    faulty = FaultyStore(store)
+    a = LeaderElector(faulty, config("a"))  # type: ignore[arg-type]
+    async with asyncio.timeout(5):
+        task = asyncio.create_task(a.run(), name="elector/a")
+        await a.wait_leading()
+        cut = faulty.fail(
+            "patch", kind=Kind.LEASE, match='"holderIdentity": "a"', after=True, error=asyncio.CancelledError
+        )
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert cut.fired == 1
+    spec = await lease_spec(store)
+    assert spec["holderIdentity"] == "" and spec["leaseDurationSeconds"] == 1
