@@ -175,15 +175,30 @@ async def test_store_errors_back_off_and_watch_on_without_relisting() -> None:
 
 
 async def test_no_busy_loop_when_watches_keep_failing() -> None:
+    """Every refused watch is followed by a back-off that grows with the consecutive
+    failures (recorded, not timed)."""
+    delays: list[tuple[int, float]] = []
+
+    class Recording(Backoff):
+        def delay(self, failures: int, *, rng: random.Random | None = None) -> float:
+            out = Backoff.delay(self, failures, rng=rng)
+            delays.append((failures, out))
+            return out
+
     memory = MemoryStore()
     counting = FlakyStore(memory, failures=0)
-    informer = Informer(counting, Kind.POD, handler=Mirror(), backoff=FAST)  # type: ignore[arg-type]
+    backoff = Recording(initial=FAST.initial, maximum=FAST.maximum, jitter=0.0)
+    informer = Informer(counting, Kind.POD, handler=Mirror(), backoff=backoff)  # type: ignore[arg-type]
     async with informer.running():
         async with asyncio.timeout(TIMEOUT):
             await informer.listed.wait()
         await memory.close()  # the watch ends; every new one is refused
-        await asyncio.sleep(0.3)
-    assert 3 <= len(counting.watch_versions) <= 0.3 / FAST.initial + 2
+        async with asyncio.timeout(TIMEOUT):
+            while len(delays) < 5:  # noqa: ASYNC110 - counts back-offs taken by the informer's task
+                await asyncio.sleep(0.01)
+    assert [n for n, _ in delays[:5]] == [1, 2, 3, 4, 5]
+    assert [d for _, d in delays[:5]] == [0.01, 0.02, 0.04, 0.05, 0.05]
+    assert len(counting.watch_versions) <= len(delays) + 1  # no watch without a back-off before it
 
 
 def test_backoff_is_bounded_exponential_with_jitter() -> None:
