@@ -35,6 +35,7 @@ from aiohttp.test_utils import TestClient
 from extender import server
 from flexlease.api import keys
 from flexlease.store.base import JsonObj, Kind
+from flexlease.store.graceful import confirm_pod_deletion
 from flexlease.store.memory import MemoryStore
 from tests.extender import payloads
 from tests.extender.conftest import add_node, add_pod, eventually
@@ -139,6 +140,8 @@ class KubeScheduler:
                     key = by_uid[victim["UID"]]
                     namespace, name = key.split("/")
                     await self.store.delete(Kind.POD, name, namespace=namespace)
+                    # the victim's kubelet stops it and confirms: only then are its GPUs free
+                    await confirm_pod_deletion(self.store, namespace, name)
                     del self.cache[key]
                     self.evicted.append(key)
                     self.evicted_uids.append(victim["UID"])

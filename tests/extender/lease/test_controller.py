@@ -573,6 +573,8 @@ async def test_a_user_profiles_critical_pod_keeps_its_lent_gpu(
 
         await eventually(supplemented)
         await clock.advance(31)
+        await eventually(lambda: _terminating_are(store, {"worker"}))
+        await confirm_terminating(store, namespace="lp")  # the worker's kubelet
         await eventually(lambda: _pods_are(store, {"driver"}))
         status = (await get_lease(store, "reclaim"))["status"]
         assert status["preemptedPods"] == ["lp/worker"]
