@@ -87,6 +87,20 @@ class CriNotFound(CriError):
     """The runtime has no such sandbox, container or image (gRPC NOT_FOUND)."""
 
 
+class BrokerError(BackendError):
+    """The message broker (NATS JetStream) failed or is unreachable."""
+
+
+class StreamNotFound(BrokerError):
+    """The broker has no such stream (a job's ``flexlease.io/stream`` names one that does not
+    exist)."""
+
+
+class OffsetConflict(BrokerError):
+    """A committed offset changed under the committer (another trainer instance committed):
+    the caller is no longer the job's only reader."""
+
+
 class RequestError(FlexleaseError):
     """A caller sent something malformed; maps to HTTP 400 with this message."""
 

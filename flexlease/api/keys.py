@@ -65,6 +65,21 @@ ANN_HOT_RESTART_STATUS: Final = PREFIX + "hot-restart-status"
 ANN_PREEMPT_DEADLINE: Final = PREFIX + "preempt-deadline"
 """Graceful-reclaim notice on an LP pod: RFC 3339 UTC time after which it is evicted."""
 
+# Streaming-data staging (WeFlex §3.3, "Short-Duration Streaming-Data Staging"); parsed by
+# flexlease.streaming.config. stream, stream-subject and stream-durable go together.
+ANN_STREAM: Final = PREFIX + "stream"
+"""The JetStream stream that holds the job's live input (the bounded live buffer)."""
+ANN_STREAM_SUBJECT: Final = PREFIX + "stream-subject"
+"""The subject the job's records are published on; must be one of the stream's subjects."""
+ANN_STREAM_DURABLE: Final = PREFIX + "stream-durable"
+"""The job's durable name: its committed offset and its staging stream are keyed by it
+(letters, digits, ``-`` and ``_``)."""
+ANN_STAGING_MARGIN: Final = PREFIX + "staging-margin-seconds"
+"""Seconds added to the prelaunch window W to give W_stage (default 30)."""
+ANN_STREAM_RESUME: Final = PREFIX + "stream-resume"
+"""Written by the node agent when staging overflowed: JSON ``{"seq", "lost", "at"}`` — the
+stream sequence where the job's data resumes and how many records were lost before it."""
+
 # GPULease annotations (written by the lease controller)
 ANN_LEND_BASELINE: Final = PREFIX + "lend-baseline"
 """On a ``Lend`` lease with ``spec.count``: the GPUs the owner's pods held when the controller

@@ -5,7 +5,8 @@ install_deps() {
   if [ "$(id -u)" = 0 ]; then
     local need=() pair
     for pair in containerd:containerd runc:runc busybox:busybox-static docker-registry:docker-registry \
-                skopeo:skopeo promtool:prometheus openssl:openssl ip:iproute2 unshare:util-linux; do
+                skopeo:skopeo promtool:prometheus openssl:openssl ip:iproute2 unshare:util-linux \
+                nats-server:nats-server; do
       command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
     done
     [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
