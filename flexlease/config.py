@@ -178,6 +178,12 @@ class AgentSettings(_Group):
     """kubelet's PodResources API socket (``List``, ``GetAllocatableResources``)."""
     pod_resources_seconds: float = Field(default=10.0, gt=0)
     """How often the device plugin reads PodResources back and compares it with assignments."""
+    staging_nats_url: str | None = None
+    """NATS JetStream server for streaming-data staging (``nats://host:4222``); staging is
+    off when unset. Jobs opt in with ``flexlease.io/stream`` annotations (WeFlex §3.3)."""
+    staging_rate_sample_seconds: float = Field(default=1.0, gt=0)
+    staging_poll_seconds: float = Field(default=0.5, gt=0)
+    staging_max_hold_seconds: float = Field(default=3600.0, gt=0)
 
 
 class Settings(BaseSettings):

@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -101,6 +101,14 @@ class HotRestartMetrics:
 RETRY_BACKOFF = Backoff(initial=0.5, maximum=30.0)
 
 
+class RestartStaging(Protocol):
+    """Streaming-data staging around a hot restart (:mod:`nodeagent.staging`): ``begin``
+    starts staging the pod's live input before the restart and returns what to call once the
+    restart is over (``None``: the pod is not staged). It never raises."""
+
+    async def begin(self, pod: JsonObj, *, image: str) -> Callable[[], None] | None: ...
+
+
 def _annotations(pod: JsonObj) -> dict[str, str]:
     return dict((pod.get("metadata") or {}).get("annotations") or {})
 
@@ -149,6 +157,7 @@ class HotRestartController:
         events: EventRecorder | None = None,
         backoff: Backoff = RETRY_BACKOFF,
         metrics: HotRestartMetrics | None = None,
+        staging: RestartStaging | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if not node:
@@ -166,6 +175,7 @@ class HotRestartController:
         self._backoff = backoff
         self._now = now
         self._metrics = metrics
+        self._staging = staging
         self._queue: WorkQueue[ObjectKey] = WorkQueue()
         self._failures: dict[ObjectKey, int] = {}
         self._unwritten: dict[ObjectKey, HotRestartStatus] = {}
@@ -333,12 +343,16 @@ class HotRestartController:
         )
         await self._write(*key, in_progress)  # nothing is touched unless this write succeeded
 
+        restarted = await self._staging.begin(pod, image=plan.image) if self._staging is not None else None
+
         async def patch_spec(image: str) -> None:
             await self._patch_image(*key, container, image)
 
         outcome = await self._restarter.execute(
             plan, pod=pod_name, patch_spec=patch_spec, checkpoint=checkpoint
         )
+        if restarted is not None:
+            restarted()
         if self._metrics is not None:
             self._metrics.observe(outcome)
         final = await self._confirm(self._final(in_progress, outcome), plan)

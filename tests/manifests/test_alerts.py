@@ -18,6 +18,7 @@ from flexlease.clock import ManualClock
 from flexlease.store.memory import MemoryStore
 from nodeagent.deviceplugin.metrics import DevicePluginMetrics
 from nodeagent.health.backend import DeviceSample
+from nodeagent.staging import StagingMetrics
 from tests.nodeagent.health.kit import START, make_context, make_settings, node_config
 
 ALERTS = Path(__file__).resolve().parents[2] / "manifests" / "alerts"
@@ -34,6 +35,7 @@ ALERT_NAMES = {
     "FlexleaseNVMLInitFailure",
     "FlexleaseDevicePluginNotRegistered",
     "FlexleaseGPUAssignmentMismatch",
+    "FlexleaseStagingOverflow",
 }
 
 
@@ -98,6 +100,7 @@ async def test_rules_use_only_metrics_the_agent_exposes(tmp_path: Path) -> None:
     ctx.metrics.xid(gpu=0, uuid=ctx.board.devices[0].uuid, model="NVIDIA H20", xid=79)
     ctx.metrics.heartbeat.labels(node=ctx.node).set(clock.now())
     DevicePluginMetrics(ctx.registry, ctx.node)  # registered by the deviceplugin component
+    StagingMetrics(ctx.registry, node=ctx.node)  # the hotrestart component's, with staging on
     exposed = {
         s.name
         for f in text_string_to_metric_families(generate_latest(ctx.registry).decode())

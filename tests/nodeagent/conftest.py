@@ -30,6 +30,9 @@ from flexlease.store.base import Store
 from nodeagent.cri import podspec
 from nodeagent.cri.client import GrpcCri
 from standins.kubelet_pods import StandInKubelet
+from tests.natsserver import nats_server  # a real nats-server per test
+
+__all__ = ["nats_server"]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "containerd-testbed.sh"
