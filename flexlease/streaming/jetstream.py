@@ -3,8 +3,9 @@
 - A staging stream is a JetStream *mirror* of the live stream from ``opt_start_seq``: a
   mirror keeps the origin's sequence numbers, so a job's offset names the same record in the
   live and the staging stream, and its ``max_msgs``/``max_bytes`` limits (discard old) bound it.
-- Readers are pull consumers (ack policy none; the offset is ours) that start at a sequence
-  and are deleted on close (and expire after ``inactive_threshold`` when a reader dies).
+- Readers are pull consumers (ack policy none; the offset is ours) that start at a sequence,
+  pull one batch ahead, and are deleted on close (and expire after ``inactive_threshold``
+  when a reader dies).
 - Committed offsets live in the key-value bucket ``flexlease_offsets`` (file storage, so they
   survive a broker restart); :meth:`JetStreamBroker.commit` is a compare-and-set on the
   key's revision, which fences a stale trainer instance.
@@ -14,9 +15,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import secrets
+from collections import deque
 from types import TracebackType
 from typing import Final, Self
 
@@ -24,6 +27,8 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MSG_ID_HEADER: Final = "Nats-Msg-Id"
 _READER_IDLE_SECONDS: Final = 30.0
+_PULL_EXPIRES_SECONDS: Final = 5.0
 
 
 def _wrap(what: str, exc: Exception) -> errors.BrokerError:
@@ -54,26 +60,66 @@ def _wrap(what: str, exc: Exception) -> errors.BrokerError:
 
 
 class JetStreamReader:
-    """A pull consumer from a start sequence (see the module docstring)."""
+    """A pull consumer from a start sequence (ack policy none: the offset is ours). It asks
+    for ``batch`` records at a time on its own inbox and asks again once they arrived, so at
+    most one batch is in flight and buffered (the server waits for the next request:
+    back-pressure), while the next batch travels as the caller works on the last one.
+    nats-py's ``fetch`` would return with whatever came with the first message, one
+    request round trip per handful of records."""
 
-    def __init__(self, js: JetStreamContext, stream: str, name: str, sub: JetStreamContext.PullSubscription):
+    def __init__(self, nc: Client, js: JetStreamContext, stream: str, name: str, *, batch: int) -> None:
+        self._nc = nc
         self._js = js
         self._stream = stream
         self._name = name
-        self._sub = sub
+        self._batch = batch
+        self._inbox = nc.new_inbox()
+        self._buf: deque[Record] = deque()
+        self._arrived = asyncio.Event()
+        self._outstanding = 0
+        self._sub: Subscription | None = None
+
+    async def open(self) -> None:
+        self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
+        await self._request()
+
+    async def _request(self) -> None:
+        body = json.dumps({"batch": self._batch, "expires": int(_PULL_EXPIRES_SECONDS * 1e9)}).encode()
+        self._outstanding = self._batch
+        await self._nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{self._stream}.{self._name}", body, reply=self._inbox
+        )
+
+    async def _on_msg(self, msg: Msg) -> None:
+        if msg.headers and msg.headers.get("Status"):  # 404/408: the request ended
+            self._outstanding = 0
+            self._arrived.set()
+            return
+        self._buf.append(Record(seq=msg.metadata.sequence.stream, data=msg.data))
+        self._outstanding -= 1
+        self._arrived.set()
 
     async def fetch(self, max_records: int, *, wait_seconds: float) -> list[Record]:
         try:
-            msgs = await self._sub.fetch(max_records, timeout=wait_seconds)
-        except (TimeoutError, nats.errors.TimeoutError, nats.js.errors.FetchTimeoutError):
-            return []
-        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            if self._outstanding <= 0:
+                await self._request()
+            if not self._buf:
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), wait_seconds)
+                except TimeoutError:
+                    return []
+            out = [self._buf.popleft() for _ in range(min(max_records, len(self._buf)))]
+            if self._outstanding <= 0 and not self._buf:
+                await self._request()
+        except (nats.errors.Error, OSError) as exc:
             raise _wrap(f"fetch from {self._stream}", exc) from exc
-        return [Record(seq=m.metadata.sequence.stream, data=m.data) for m in msgs]
+        return out
 
     async def close(self) -> None:
         try:
-            await self._sub.unsubscribe()
+            if self._sub is not None:
+                await self._sub.unsubscribe()
             await self._js.delete_consumer(self._stream, self._name)
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             log.debug("reader close", extra={"stream": self._stream, "error": str(exc)})
@@ -179,7 +225,7 @@ class JetStreamBroker:
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise _wrap(f"delete {stream}", exc) from exc
 
-    async def open_reader(self, stream: str, *, start_seq: int) -> JetStreamReader:
+    async def open_reader(self, stream: str, *, start_seq: int, batch: int = 1000) -> JetStreamReader:
         name = f"flexlease-reader-{secrets.token_hex(6)}"
         config = ConsumerConfig(
             durable_name=name,
@@ -189,12 +235,13 @@ class JetStreamBroker:
             inactive_threshold=_READER_IDLE_SECONDS,
             mem_storage=True,
         )
+        reader = JetStreamReader(self.nc, self.js, stream, name, batch=batch)
         try:
             await self.js.add_consumer(stream, config)
-            sub = await self.js.pull_subscribe_bind(name, stream=stream)
+            await reader.open()
         except (nats.errors.Error, nats.js.errors.Error) as exc:
             raise _wrap(f"reader of {stream}", exc) from exc
-        return JetStreamReader(self.js, stream, name, sub)
+        return reader
 
     async def _bucket(self) -> KeyValue:
         if self._kv is None:

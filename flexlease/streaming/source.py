@@ -5,9 +5,10 @@ pipeline iterates, committing offsets only after the step that consumed them.
 
     async with JetStreamBroker(url) as broker:
         source = TrainingSource(broker, binding)
-        async for batch in source.batches():
-            train_step(batch.records)        # the job's work (and its checkpoint)
-            await source.commit(batch)       # only now is the batch consumed
+        async with contextlib.aclosing(source.batches()) as batches:
+            async for batch in batches:
+                train_step(batch.records)    # the job's work (and its checkpoint)
+                await source.commit(batch)   # only now is the batch consumed
 
 Every record is yielded in stream-sequence order, each once in a committed batch: a restarted
 trainer resumes at its committed offset + 1 (a batch yielded but not committed before a crash
@@ -25,7 +26,7 @@ calls ``on_gap`` and goes on.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 
 from flexlease import errors
@@ -157,7 +158,7 @@ class TrainingSource:
         if self._on_gap is not None:
             self._on_gap(gap)
 
-    async def batches(self) -> AsyncIterator[Batch]:
+    async def batches(self) -> AsyncGenerator[Batch, None]:
         """Batches forever (until the caller stops iterating). Raises ``BrokerError``."""
         if self._pos is None:
             self._pos = await self._start()
@@ -173,7 +174,7 @@ class TrainingSource:
             finally:
                 await reader.close()
 
-    async def _read(self, reader: Reader, origin: Origin, pos: _Position) -> AsyncIterator[Batch]:
+    async def _read(self, reader: Reader, origin: Origin, pos: _Position) -> AsyncGenerator[Batch, None]:
         """Batches from one stream while it yields the next records in order; returns to
         let :meth:`batches` choose again (staging drained, or a jump in sequence)."""
         while True:

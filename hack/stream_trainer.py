@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""A streaming trainer for hack/stream_restarts.py: consumes numbered records through
+:class:`flexlease.streaming.source.TrainingSource`, checkpoints, commits.
+
+Each record's payload starts with its number (``b"<n>|..."``). The trainer's state — the
+offset, the next number it expects, records taken, records lost (a jump forward) and records
+seen twice (a number below the expected one) — is its checkpoint: written atomically (temp file
++ rename) after each step and before the offset is committed, and read back at start
+(``start_after`` = the checkpoint's offset). SIGTERM ends it after the current step, as a
+container stop does. Every ``--tick`` seconds it appends ``<unix time> <records>`` to
+``--timeline`` (records consumed in that tick) for the plot.
+
+    python hack/stream_trainer.py --url nats://127.0.0.1:4222 --stream LIVE --subject live.job \\
+        --durable job-1 --state DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+from flexlease.streaming.config import StreamBinding
+from flexlease.streaming.jetstream import JetStreamBroker
+from flexlease.streaming.source import Gap, TrainingSource
+
+
+def load(path: Path) -> dict[str, Any]:
+    if path.exists():
+        state: dict[str, Any] = json.loads(path.read_text())
+        return state
+    return {"offset": None, "expect": 1, "taken": 0, "lost": 0, "dup": 0, "gaps": 0}
+
+
+def save(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+async def train(args: argparse.Namespace) -> int:
+    state_file = args.state / "checkpoint.json"
+    state = load(state_file)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    binding = StreamBinding(args.stream, args.subject, args.durable)
+
+    def on_gap(gap: Gap) -> None:
+        state["gaps"] += 1
+
+    tick_start, tick_records = time.time(), 0
+    with (args.state / "timeline.txt").open("a") as timeline:
+        async with JetStreamBroker(args.url) as broker:
+            source = TrainingSource(
+                broker, binding, batch_size=args.batch, start_after=state["offset"], on_gap=on_gap
+            )
+            (args.state / "started").write_text(str(time.time()))
+            async with aclosing(source.batches()) as batches:
+                async for batch in batches:
+                    for r in batch.records:  # the "training step"
+                        n = int(r.data.split(b"|", 1)[0])
+                        if n < state["expect"]:
+                            state["dup"] += 1
+                            continue
+                        state["lost"] += n - state["expect"]
+                        state["expect"] = n + 1
+                        state["taken"] += 1
+                    state["offset"] = batch.last_seq
+                    state["origin"] = batch.origin.value
+                    save(state_file, state)  # checkpoint, then commit
+                    await source.commit(batch)
+                    tick_records += len(batch.records)
+                    now = time.time()
+                    if now - tick_start >= args.tick:
+                        timeline.write(f"{now:.3f} {tick_records}\n")
+                        timeline.flush()
+                        tick_start, tick_records = now, 0
+                    if stop.is_set():
+                        break
+            if tick_records:
+                timeline.write(f"{time.time():.3f} {tick_records}\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hack/stream_trainer.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", required=True)
+    p.add_argument("--stream", required=True)
+    p.add_argument("--subject", required=True)
+    p.add_argument("--durable", required=True)
+    p.add_argument("--state", type=Path, required=True, help="directory: checkpoint.json, timeline.txt")
+    p.add_argument("--batch", type=int, default=1000)
+    p.add_argument("--tick", type=float, default=0.25)
+    args = p.parse_args(argv)
+    args.state.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(train(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
