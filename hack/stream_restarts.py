@@ -100,7 +100,7 @@ def start_trainer(url: str, state: Path) -> subprocess.Popen[bytes]:
     (state / "started").unlink(missing_ok=True)
     cmd = [sys.executable, str(REPO / "hack" / "stream_trainer.py"), "--url", url, "--stream", BINDING.stream]
     cmd += ["--subject", BINDING.subject, "--durable", BINDING.durable, "--state", str(state)]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(cmd, env=env, cwd=REPO)
 
 
@@ -187,12 +187,14 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path) -> Run:
                 )
             ).window_seconds
             async with asyncio.TaskGroup() as tg:
-                if mode == "staging":
-                    tg.create_task(stager.run(), name="stager")
+                stager_task = tg.create_task(stager.run(), name="stager") if mode == "staging" else None
                 trainer = start_trainer(url, state)
                 await wait_started(state, trainer)
                 run.t0 = time.time()
-                env = {**os.environ, "PYTHONPATH": str(REPO)}
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                }
                 producer = await asyncio.create_subprocess_exec(
                     sys.executable,
                     str(SELF),
@@ -242,10 +244,8 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path) -> Run:
                 trainer.send_signal(signal.SIGTERM)
                 await asyncio.to_thread(trainer.wait)
                 trainer = None
-                if mode == "staging":
-                    raise asyncio.CancelledError  # stop the stager task
-    except* asyncio.CancelledError:
-        pass
+                if stager_task is not None:
+                    stager_task.cancel()
     finally:
         if trainer is not None and trainer.poll() is None:
             trainer.kill()

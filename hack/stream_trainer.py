@@ -7,8 +7,8 @@ offset, the next number it expects, records taken, records lost (a jump forward)
 seen twice (a number below the expected one) — is its checkpoint: written atomically (temp file
 + rename) after each step and before the offset is committed, and read back at start
 (``start_after`` = the checkpoint's offset). SIGTERM ends it after the current step, as a
-container stop does. Every ``--tick`` seconds it appends ``<unix time> <records>`` to
-``--timeline`` (records consumed in that tick) for the plot.
+container stop does (or after 1 s when it is waiting for records). Every ``--tick`` seconds
+it appends ``<unix time> <records>`` to ``timeline.txt`` (records consumed in that tick).
 
     python hack/stream_trainer.py --url nats://127.0.0.1:4222 --stream LIVE --subject live.job \\
         --durable job-1 --state DIR
@@ -49,7 +49,16 @@ async def train(args: argparse.Namespace) -> int:
     state_file = args.state / "checkpoint.json"
     state = load(state_file)
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    main_task = asyncio.current_task()
+    assert main_task is not None
+
+    def on_term() -> None:
+        # finish the current step; a trainer idle on an empty stream is cancelled (its last
+        # step is checkpointed already, and a checkpoint ahead of the commit is resumed from)
+        stop.set()
+        asyncio.get_running_loop().call_later(1.0, main_task.cancel)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_term)
     binding = StreamBinding(args.stream, args.subject, args.durable)
 
     def on_gap(gap: Gap) -> None:
@@ -100,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tick", type=float, default=0.25)
     args = p.parse_args(argv)
     args.state.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(train(args))
+    try:
+        return asyncio.run(train(args))
+    except asyncio.CancelledError:
+        return 0
 
 
 if __name__ == "__main__":
