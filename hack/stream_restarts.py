@@ -286,9 +286,15 @@ def plot(runs: list[Run], path: Path, rate: int) -> None:
         bins: dict[int, int] = {}
         for t, n in run.timeline:
             bins[int(t / 0.5)] = bins.get(int(t / 0.5), 0) + n
-        xs = sorted(bins)
+        xs = list(range(0, max(bins) + 1)) if bins else []  # no record in a bin: 0/s (the trainer was down)
         color = "tab:orange" if run.mode == "staging" else "tab:blue"
-        ax.plot([x * 0.5 for x in xs], [bins[x] / 0.5 for x in xs], color=color, lw=1.2, label="consumed / s")
+        ax.plot(
+            [x * 0.5 for x in xs],
+            [bins.get(x, 0) / 0.5 for x in xs],
+            color=color,
+            lw=1.2,
+            label="consumed / s",
+        )
         ax.axhline(rate, color="grey", ls="--", lw=0.8, label=f"input rate ({rate:,}/s)")
         for a, b in run.restarts:
             ax.axvspan(a, b, color="red", alpha=0.15)
