@@ -233,14 +233,14 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path) -> Run:
                 print(f"{mode}: catch-up {run.catchup}", file=sys.stderr, flush=True)
                 out, _ = await producer.communicate()
                 run.produced = int(out.decode().split()[-1])
-                await committed_reaches(broker, run.produced, limit=30)
+                await committed_reaches(broker, run.produced, limit=60)
                 last = -1
                 while True:  # until the trainer took everything it will get
                     ck = json.loads((state / "checkpoint.json").read_text())
                     if ck["expect"] > run.produced or ck["expect"] == last:
                         break
                     last = ck["expect"]
-                    await asyncio.sleep(1.0)
+                    await asyncio.sleep(3.0)
                 trainer.send_signal(signal.SIGTERM)
                 await asyncio.to_thread(trainer.wait)
                 trainer = None
