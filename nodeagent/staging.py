@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from flexlease import errors
 from flexlease.api import keys
 from flexlease.logging import ctx
 from flexlease.store.base import JsonObj, Kind, Store
+from flexlease.store.kube_util import EventRecorder
 from flexlease.streaming.broker import Broker, Origin, StreamState
 from flexlease.streaming.config import StagingLimits, StreamBinding, parse_binding, staging_limits
 
@@ -137,36 +137,6 @@ class Staging:
             self.restarted_at = time.monotonic()
 
 
-def event(pod: JsonObj, reason: str, message: str, *, node: str, now: datetime) -> JsonObj:
-    """A core/v1 Warning Event about ``pod`` from the node agent."""
-    meta = pod.get("metadata") or {}
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {
-            "name": f"{meta.get('name')}.{secrets.token_hex(8)}",
-            "namespace": meta.get("namespace"),
-        },
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": "Warning",
-        "source": {"component": COMPONENT, "host": node},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": node,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
-
-
 class Stager:
     """Starts and watches staging streams for this node's restarting jobs (module docstring).
 
@@ -195,6 +165,7 @@ class Stager:
         self._poll = poll_seconds
         self._max_hold = max_hold_seconds
         self._now = now
+        self._events = EventRecorder(store, component=COMPONENT, instance=node)
         self._pending: asyncio.Queue[Staging] = asyncio.Queue()
         self.stagings: dict[str, Staging] = {}
 
@@ -373,7 +344,11 @@ class Stager:
             log.warning("cannot annotate where the data resumes", extra=ctx(pod=s.pod, error=str(exc)))
 
     async def _event(self, pod: JsonObj, reason: str, message: str) -> None:
-        try:
-            await self._store.create(Kind.EVENT, event(pod, reason, message, node=self.node, now=self._now()))
-        except errors.StoreError as exc:
-            log.warning("cannot write Event", extra=ctx(reason=reason, error=str(exc)))
+        """A Warning Event about ``pod`` (best effort: a failed write is logged)."""
+        meta = pod.get("metadata") or {}
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid")},
+        }
+        await self._events.record(involved, type="Warning", reason=reason, message=message)
