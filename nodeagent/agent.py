@@ -1,14 +1,16 @@
 """The node agent's composition root (after OpenKruise's ``pkg/daemon/daemon.go``).
 
-:func:`build_context` builds the one :class:`AgentContext` every component shares
+:func:`build_context` builds the one :class:`~nodeagent.context.AgentContext` every component shares
 (settings, store, metrics registry, clock, GPU backend, the in-memory GPU board and the
 availability ledger, restored from disk). :func:`run` runs the components in one
 ``asyncio.TaskGroup``: the first component to fail stops them all and its error propagates;
 setting the ``stop`` event (SIGTERM, in :mod:`nodeagent.main`) stops them cleanly.
 
 A component is anything with a ``name`` and ``async run(ctx)`` that runs until cancelled
-(:class:`Component`); one that also has ``ready() -> bool`` gets a named ``/readyz`` check
-(:class:`ReadinessCheck`). To add one, append it in :func:`components`.
+(:class:`~nodeagent.context.Component`); one that also has ``ready() -> bool`` gets a named
+``/readyz`` check (:class:`~nodeagent.context.ReadinessCheck`). To add one, append it in
+:func:`components`. The context and the protocols live in :mod:`nodeagent.context`, so this
+module only imports the components and none of them imports it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry
 
@@ -25,6 +25,7 @@ from flexlease.clock import Clock
 from flexlease.config import Settings
 from flexlease.store.base import Store
 from nodeagent import ledger
+from nodeagent.context import AgentContext, Component, ReadinessCheck
 from nodeagent.deviceplugin.component import DevicePluginComponent
 from nodeagent.health.backend import GpuBackend
 from nodeagent.health.board import NodeBoard
@@ -36,43 +37,6 @@ from nodeagent.metrics import AgentMetrics, BoardCollector, MetricsServer, Readi
 from nodeagent.status import StatusReporter
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class AgentContext:
-    """What every component gets: shared, built once in :func:`build_context`."""
-
-    settings: Settings
-    store: Store
-    registry: CollectorRegistry
-    clock: Clock
-    backend: GpuBackend
-    metrics: AgentMetrics
-    board: NodeBoard
-    ledger_file: ledger.LedgerFile
-    readiness: Readiness
-
-    @property
-    def node(self) -> str:
-        return self.settings.agent.node_name
-
-
-@runtime_checkable
-class Component(Protocol):
-    """A long-running part of the agent. ``run`` returns only by being cancelled; raising
-    stops the whole agent."""
-
-    @property
-    def name(self) -> str: ...
-
-    async def run(self, ctx: AgentContext) -> None: ...
-
-
-@runtime_checkable
-class ReadinessCheck(Protocol):
-    """A component with a readiness check (``/readyz`` lists it under its name)."""
-
-    def ready(self) -> bool: ...
 
 
 def components(ctx: AgentContext) -> list[Component]:

@@ -45,7 +45,7 @@ from flexlease.api.resources import Health
 from nodeagent.health.board import NodeBoard
 
 if TYPE_CHECKING:
-    from nodeagent.agent import AgentContext
+    from nodeagent.context import AgentContext
 
 log = logging.getLogger(__name__)
 

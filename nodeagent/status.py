@@ -32,7 +32,7 @@ from flexlease.store.base import JsonObj, Kind, Store
 from nodeagent.health.board import NodeBoard
 
 if TYPE_CHECKING:
-    from nodeagent.agent import AgentContext
+    from nodeagent.context import AgentContext
 
 log = logging.getLogger(__name__)
 

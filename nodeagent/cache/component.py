@@ -26,7 +26,7 @@ from nodeagent.cache.images import ImageMetrics, ImagePuller
 from nodeagent.cri.client import GrpcCri
 
 if TYPE_CHECKING:
-    from nodeagent.agent import AgentContext
+    from nodeagent.context import AgentContext
 
 log = logging.getLogger(__name__)
 

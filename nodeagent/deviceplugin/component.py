@@ -20,7 +20,7 @@ from nodeagent.deviceplugin.registration import PluginEndpoint
 from nodeagent.deviceplugin.server import DevicePluginService
 
 if TYPE_CHECKING:
-    from nodeagent.agent import AgentContext
+    from nodeagent.context import AgentContext
 
 
 class DevicePluginComponent:

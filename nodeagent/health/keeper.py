@@ -18,7 +18,7 @@ from flexlease.logging import ctx as logctx
 from nodeagent import ledger
 
 if TYPE_CHECKING:
-    from nodeagent.agent import AgentContext
+    from nodeagent.context import AgentContext
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from flexlease.logging import ctx as logctx
 from nodeagent.health.backend import EventKind
 
 if TYPE_CHECKING:
-    from nodeagent.agent import AgentContext
+    from nodeagent.context import AgentContext
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from nodeagent.prelaunch import Bandwidths, PrelaunchInputs, prelaunch_window
 from nodeagent.staging import Stager, StagingMetrics
 
 if TYPE_CHECKING:
-    from nodeagent.agent import AgentContext, Component
+    from nodeagent.context import AgentContext, Component
 
 
 async def restart_window(runtime: NodeRuntime, pod: JsonObj, *, image: str) -> float:

@@ -25,7 +25,7 @@ from flexlease.store.base import Kind, Store
 from flexlease.store.memory import MemoryStore
 from nodeagent import agent
 from nodeagent import main as agent_main
-from nodeagent.agent import AgentContext
+from nodeagent.context import AgentContext, Component
 from nodeagent.health.keeper import LedgerKeeper
 from nodeagent.health.watch import HealthWatch
 from nodeagent.metrics import MetricsServer
@@ -41,7 +41,7 @@ SCRIPT = [
 SLEEPERS = 3  # health watch, ledger keeper, status reporter each sleep on the clock when idle
 
 
-def mine() -> list[agent.Component]:
+def mine() -> list[Component]:
     """This engineer's components (the containerd ones are tested in their own suites)."""
     return [HealthWatch(), LedgerKeeper(), StatusReporter(), MetricsServer()]
 

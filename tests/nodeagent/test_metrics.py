@@ -15,7 +15,7 @@ from pytest_aiohttp import AiohttpClient
 import nodeagent
 from flexlease.clock import ManualClock
 from flexlease.store.memory import MemoryStore
-from nodeagent.agent import AgentContext
+from nodeagent.context import AgentContext
 from nodeagent.health.backend import DeviceEvent, DeviceSample, EventKind
 from nodeagent.metrics import Readiness, create_app
 from tests.nodeagent.health.kit import NODE, START, make_context, make_settings, node_config

@@ -15,7 +15,7 @@ from flexlease.errors import Conflict, StoreError
 from flexlease.store.base import JsonObj, Kind, Store
 from flexlease.store.memory import MemoryStore
 from flexlease.store.sqlite import SqliteStore
-from nodeagent.agent import AgentContext
+from nodeagent.context import AgentContext
 from nodeagent.health.backend import DeviceEvent, DeviceSample, EventKind
 from nodeagent.status import StatusReporter, merge_diff, status_patch
 from tests.nodeagent.health.kit import NODE, START, make_context, make_settings, node_config

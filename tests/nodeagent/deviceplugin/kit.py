@@ -19,7 +19,7 @@ from flexlease.sim import objects
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
 from nodeagent import agent
-from nodeagent.agent import AgentContext
+from nodeagent.context import AgentContext
 from nodeagent.deviceplugin.component import DevicePluginComponent
 from nodeagent.health.simulated import SimulatedBackend
 from nodeagent.health.watch import HealthWatch

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 from flexlease.clock import ManualClock
 from flexlease.config import AgentSettings, Settings, TierSettings
 from flexlease.store.base import Store
-from nodeagent.agent import AgentContext, build_context
+from nodeagent.agent import build_context
+from nodeagent.context import AgentContext
 from nodeagent.health.backend import GpuBackend
 from nodeagent.health.simulated import NodeConfig, SimulatedBackend
 from nodeagent.metrics import AgentMetrics

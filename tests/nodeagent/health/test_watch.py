@@ -16,7 +16,8 @@ from flexlease.api.resources import Health
 from flexlease.clock import ManualClock, SystemClock
 from flexlease.errors import NvmlError
 from flexlease.store.memory import MemoryStore
-from nodeagent.agent import AgentContext, build_context
+from nodeagent.agent import build_context
+from nodeagent.context import AgentContext
 from nodeagent.health.backend import DeviceEvent, DeviceInfo, DeviceSample, GpuBackend
 from nodeagent.health.keeper import LedgerKeeper
 from nodeagent.health.nvml import NvmlBackend
