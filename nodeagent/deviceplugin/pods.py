@@ -139,10 +139,6 @@ class PodBook:
             out.append(uuid)
         return tuple(out)
 
-    def assignment(self, key: str) -> Assignment | None:
-        entry = self._pods.get(key)
-        return None if entry is None else entry.assignment
-
     def pending(self) -> list[PendingPod]:
         """Every pod with an assignment here, as matching input (allocated ones included:
         matching uses ``remaining``; :func:`~nodeagent.deviceplugin.matching.allocated_pod`
@@ -151,6 +147,3 @@ class PodBook:
             PendingPod(key=e.key, uid=e.uid, uuids=self._uuids(e), allocated=e.allocated, seq=e.seq)
             for e in self._pods.values()
         ]
-
-    def keys(self) -> list[str]:
-        return list(self._pods)

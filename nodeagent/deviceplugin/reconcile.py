@@ -82,8 +82,6 @@ class PodResourcesReconciler:
         self.node = board.node
         self._counted: set[tuple[str, frozenset[str]]] = set()
         self._suspects: dict[str, frozenset[str]] = {}
-        self.rounds = 0
-        """Completed reconcile rounds (kubelet answered)."""
 
     async def run(self) -> None:
         """Reconcile every ``pod_resources_seconds`` until cancelled; kubelet being absent or
@@ -190,7 +188,6 @@ class PodResourcesReconciler:
                 )
             for pod, devices in exchange(key, ids, self._book.pending(), allocated=allocated).items():
                 await self._write_back(pod, devices, cause=key)
-        self.rounds += 1
         return found
 
     async def _unassigned_holder(self, key: str) -> bool:

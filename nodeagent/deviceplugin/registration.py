@@ -60,14 +60,8 @@ class PluginEndpoint:
         self.kubelet_socket = self.dir / KUBELET_SOCKET
         self.registrations = 0
         """Successful registrations so far (1 + re-registrations)."""
-        self._registered = asyncio.Event()
-
-    @property
-    def registered(self) -> bool:
-        return self._registered.is_set()
-
-    async def wait_registered(self) -> None:
-        await self._registered.wait()
+        self.registered = False
+        """True from a successful registration until the plugin stops serving."""
 
     async def run(self) -> None:
         """Serve and register until cancelled (see the module docstring)."""
@@ -85,10 +79,7 @@ class PluginEndpoint:
                 await server.stop(grace=0.1)
 
     def _set_registered(self, on: bool) -> None:
-        if on:
-            self._registered.set()
-        else:
-            self._registered.clear()
+        self.registered = on
         self._metrics.registered.labels(node=self.node).set(1 if on else 0)
 
     async def _wait_for_kubelet(self, poll: float) -> int:
