@@ -39,7 +39,6 @@ import grpc
 from flexlease import errors
 from flexlease.api import keys
 from flexlease.api.pod import Assignment, is_terminated, salvage_assignment
-from flexlease.api.resources import Health
 from flexlease.config import AgentSettings
 from flexlease.logging import ctx
 from flexlease.store.base import Kind, Store
@@ -48,6 +47,7 @@ from nodeagent.deviceplugin import rpc
 from nodeagent.deviceplugin.matching import Mismatch, compare, exchange, merge_container_devices
 from nodeagent.deviceplugin.metrics import DevicePluginMetrics
 from nodeagent.deviceplugin.pods import PodBook
+from nodeagent.deviceplugin.server import HEALTHY, advertised
 from nodeagent.health.board import NodeBoard
 
 log = logging.getLogger(__name__)
@@ -205,11 +205,7 @@ class PodResourcesReconciler:
 
     def _check_allocatable(self, allocatable: tuple[str, ...]) -> None:
         self._metrics.kubelet_allocatable.labels(node=self.node).set(len(allocatable))
-        healthy = {
-            ident.uuid
-            for index, ident in self._board.devices.items()
-            if (h := self._board.health.get(index)) is not None and h.health is Health.HEALTHY
-        }
+        healthy = {d.ID for d in advertised(self._board) if d.health == HEALTHY}
         if set(allocatable) != healthy:
             log.debug(
                 "kubelet's allocatable devices differ from the healthy ones advertised",
@@ -239,14 +235,15 @@ class PodResourcesReconciler:
         new = Assignment(self.node, tuple(index_of[u] for u in ids))
         if was == new:
             return
+        now = _rfc3339(self._now())
         patch = {
             "metadata": {
                 "annotations": {
                     keys.ANN_ASSIGNED_GPUS: new.format(),
                     keys.ANN_ASSIGNED_UUIDS: ",".join(ids),
-                    keys.ANN_ASSIGNED_AT: annotations.get(keys.ANN_ASSIGNED_AT) or _rfc3339(self._now()),
+                    keys.ANN_ASSIGNED_AT: annotations.get(keys.ANN_ASSIGNED_AT) or now,
                     keys.ANN_ASSIGNMENT_CORRECTED: json.dumps(
-                        {"was": was.format() if was else "", "at": _rfc3339(self._now()), "cause": cause},
+                        {"was": was.format() if was else "", "at": now, "cause": cause},
                         sort_keys=True,
                     ),
                 }
