@@ -107,10 +107,18 @@ class PodResourcesReconciler:
             )
         return None
 
-    def _pods(self, listed: prpb.ListPodResourcesResponse) -> dict[str, tuple[str, ...]]:
+    def _channel(self) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(f"unix:{self._settings.pod_resources_socket}")
+
+    async def _list(self, channel: grpc.aio.Channel, *, seconds: float) -> dict[str, tuple[str, ...]]:
+        """kubelet's ``List``: ``<ns>/<name>`` → device IDs of the resource (merged over the
+        pod's containers; empty for a pod holding none), answered within ``seconds``. Raises
+        ``grpc.aio.AioRpcError``."""
+        list_ = rpc.unary_call(channel, rpc.POD_RESOURCES, "List", prpb.ListPodResourcesResponse)
+        response = await list_(prpb.ListPodResourcesRequest(), timeout=seconds)
         resource = self._settings.gpu_resource
         pods: dict[str, tuple[str, ...]] = {}
-        for pod in listed.pod_resources:
+        for pod in response.pod_resources:
             entries = [(d.resource_name, list(d.device_ids)) for c in pod.containers for d in c.devices]
             pods[f"{pod.namespace}/{pod.name}"] = merge_container_devices(entries, resource)
         return pods
@@ -119,27 +127,25 @@ class PodResourcesReconciler:
         """kubelet's ``List`` now: every pod it lists → device IDs of the resource (empty for a
         pod being admitted); None when kubelet does not answer within a second."""
         try:
-            async with grpc.aio.insecure_channel(f"unix:{self._settings.pod_resources_socket}") as channel:
-                list_ = rpc.unary_call(channel, rpc.POD_RESOURCES, "List", prpb.ListPodResourcesResponse)
-                response = await list_(prpb.ListPodResourcesRequest(), timeout=LISTED_TIMEOUT_SECONDS)
+            async with self._channel() as channel:
+                pods = await self._list(channel, seconds=LISTED_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
             log.warning("PodResources List failed", extra=ctx(node=self.node, code=exc.code().name))
             return None
-        return {k: frozenset(v) for k, v in self._pods(response).items()}
+        return {k: frozenset(v) for k, v in pods.items()}
 
     async def read(self) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
         """kubelet's view: ``<ns>/<name>`` → device IDs of the resource (pods with none left
         out), and the allocatable device IDs. Raises ``grpc.aio.AioRpcError``."""
-        async with grpc.aio.insecure_channel(f"unix:{self._settings.pod_resources_socket}") as channel:
-            list_ = rpc.unary_call(channel, rpc.POD_RESOURCES, "List", prpb.ListPodResourcesResponse)
+        async with self._channel() as channel:
             get_allocatable = rpc.unary_call(
                 channel, rpc.POD_RESOURCES, "GetAllocatableResources", prpb.AllocatableResourcesResponse
             )
-            listed = await list_(prpb.ListPodResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS)
+            listed = await self._list(channel, seconds=CALL_TIMEOUT_SECONDS)
             allocatable = await get_allocatable(
                 prpb.AllocatableResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS
             )
-        pods = {k: v for k, v in self._pods(listed).items() if v}
+        pods = {k: v for k, v in listed.items() if v}
         alloc = merge_container_devices(
             ((d.resource_name, list(d.device_ids)) for d in allocatable.devices), self._settings.gpu_resource
         )
