@@ -108,13 +108,24 @@ class Admission:
         for reason in REASONS:
             self.refusals.labels("bind", reason)
 
-    def refuse(self, request: web.Request, verb: str, refusal: Refusal) -> None:
-        """Log ``refusal`` at warning with the caller's identity and count it."""
+    def refuse(
+        self,
+        request: web.Request,
+        verb: str,
+        refusal: Refusal,
+        *,
+        pod: str | None = None,
+        node: str | None = None,
+    ) -> None:
+        """Log ``refusal`` at warning with the caller's identity (and the pod ``<ns>/<name>``
+        and node when known) and count it."""
         self.refusals.labels(verb, refusal.reason).inc()
         log.warning(
             "refused: %s",
             refusal.message,
-            extra=ctx(verb=verb, reason=refusal.reason, caller=tls.caller_identity(request)),
+            extra=ctx(
+                verb=verb, reason=refusal.reason, caller=tls.caller_identity(request), pod=pod, node=node
+            ),
         )
 
     def passes_through(self, request: web.Request, verb: str, pod: JsonObj) -> bool:
@@ -123,7 +134,9 @@ class Admission:
         refusal = foreign_scheduler(pod, self._settings.scheduler_names)
         if refusal is None:
             return False
-        self.refuse(request, verb, refusal)
+        meta = pod.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        self.refuse(request, verb, refusal, pod=f"{meta.get('namespace') or ''}/{meta.get('name') or ''}")
         return True
 
     def bind_check(self, request: web.Request) -> BindCheck:
@@ -132,7 +145,7 @@ class Admission:
         async def check(pod: JsonObj, req: GpuRequest, node: str) -> Refusal | None:
             refusal = await self.check_bind(pod, req, node)
             if refusal is not None:
-                self.refuse(request, "bind", refusal)
+                self.refuse(request, "bind", refusal, pod=req.key, node=node)
             return refusal
 
         return check

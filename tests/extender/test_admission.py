@@ -55,6 +55,7 @@ async def test_the_issue_scenario_bind_of_another_schedulers_pod_is_refused(
     [record] = [r for r in caplog.records if r.name == "extender.admission"]
     assert record.__dict__["caller"] == "127.0.0.1"  # plain HTTP: the peer address
     assert record.__dict__["reason"] == "foreign_scheduler"
+    assert (record.__dict__["pod"], record.__dict__["node"]) == ("other-team/victim", "control-plane-0")
     # the same pod, bound to a GPU node, is refused too: the node is not the point
     reply = await post(client, "bind", payloads.binding_args(victim, "n1"))
     assert "spec.schedulerName 'default-scheduler'" in reply["Error"]
@@ -126,7 +127,7 @@ async def test_bind_refuses_when_the_node_cannot_be_checked(
 
 
 async def test_filter_prioritize_preempt_pass_another_schedulers_pod_untouched(
-    start: Any, store: MemoryStore, registry: CollectorRegistry
+    start: Any, store: MemoryStore, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A GPU pod of default-scheduler asks for 8 GPUs on nodes with 2: the extender answers as
     for a pod without managed GPUs — every candidate passes, scores 0, victims unchanged —
@@ -136,7 +137,10 @@ async def test_filter_prioritize_preempt_pass_another_schedulers_pod_untouched(
     pod = other_scheduler(payloads.pod("big", gpus=8))
     client = await start()
     app = client.app
-    reply = await post(client, "filter", payloads.extender_args(pod, ["n1", "n2", "cpu-0"]))
+    with caplog.at_level(logging.WARNING, logger="extender.admission"):
+        reply = await post(client, "filter", payloads.extender_args(pod, ["n1", "n2", "cpu-0"]))
+    [record] = [r for r in caplog.records if r.name == "extender.admission"]
+    assert (record.__dict__["verb"], record.__dict__["pod"]) == ("filter", "ml/big")
     assert reply == {
         "Nodes": None,
         "NodeNames": ["n1", "n2", "cpu-0"],
