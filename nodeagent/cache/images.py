@@ -113,6 +113,11 @@ class ImagePuller:
         self.registry_rate = EwmaRate()
 
     @property
+    def images(self) -> ImageService:
+        """The CRI ImageService this puller pulls through."""
+        return self._images
+
+    @property
     def hit_ratio(self) -> float | None:
         """``η_cache``: hits / requests since start, ratio 0–1; None before any request."""
         return self._hits / self._requests if self._requests else None

@@ -87,7 +87,6 @@ class HotRestartComponent:
         restarter = HotRestarter(
             self.runtime.cri,
             self.runtime.images,
-            images=self.runtime.cri,
             checkpoints=self.runtime.checkpoints,
         )
 
@@ -101,7 +100,6 @@ class HotRestartComponent:
                 node=ctx.node,
                 default_strategy=strategy,
                 metrics=self.metrics,
-                images=self.runtime.cri,
                 events=EventRecorder(ctx.store, component="flexlease-agent", instance=ctx.node),
                 staging=staging,
             )

@@ -41,7 +41,7 @@ from flexlease.cri import api_pb2
 from flexlease.logging import ctx
 from nodeagent.cache.checkpoints import CheckpointCache
 from nodeagent.cache.images import ImagePuller, PullResult
-from nodeagent.cri.client import ContainerInfo, ContainerState, ImageService, RuntimeService
+from nodeagent.cri.client import ContainerInfo, ContainerState, RuntimeService
 from nodeagent.hotrestart.decide import Restart, replacement_config
 from nodeagent.hotrestart.kubelet import runs_image
 from nodeagent.hotrestart.model import CheckpointRef, PrelaunchStatus, Strategy
@@ -85,7 +85,7 @@ class HotRestarter:
 
     ``stop_timeout_seconds``: grace period of StopContainer. ``kubelet_wait_seconds``: how
     long the kubelet strategy waits for the replacement; ``poll_seconds``: how often it looks.
-    ``images``: the CRI ImageService resolving image IDs (default: ``runtime``, when it is one).
+    Image IDs are resolved through the puller's CRI ImageService (:attr:`ImagePuller.images`).
     ``checkpoints``: the node's checkpoint cache, for requests naming a checkpoint;
     ``bandwidths``: the assumed bandwidths W is predicted with.
     """
@@ -95,7 +95,6 @@ class HotRestarter:
         runtime: RuntimeService,
         puller: ImagePuller,
         *,
-        images: ImageService | None = None,
         checkpoints: CheckpointCache | None = None,
         bandwidths: Bandwidths | None = None,
         stop_timeout_seconds: int = 30,
@@ -105,9 +104,7 @@ class HotRestarter:
     ) -> None:
         self._runtime = runtime
         self._puller = puller
-        if images is None and not isinstance(runtime, ImageService):
-            raise errors.RequestError("HotRestarter needs a CRI ImageService")
-        self._images: ImageService = images if images is not None else runtime  # type: ignore[assignment]
+        self._images = puller.images
         self._checkpoints = checkpoints
         self._bandwidths = bandwidths or Bandwidths()
         self._stop_timeout = stop_timeout_seconds
