@@ -128,7 +128,6 @@ class DeviceKubelet:
         self._pod_resources: grpc.aio.Server | None = None
         self._status_task: asyncio.Task[None] | None = None
         self._admission = asyncio.Lock()
-        self._registered = asyncio.Event()
         self._node_status: dict[str, dict[str, int]] = {"capacity": {}, "allocatable": {}}
 
     async def __aenter__(self) -> DeviceKubelet:
@@ -183,7 +182,6 @@ class DeviceKubelet:
 
     async def _drop_plugins(self) -> None:
         plugins, self.plugins = self.plugins, {}
-        self._registered.clear()
         for plugin in plugins.values():
             await self._close(plugin)
 
@@ -246,7 +244,6 @@ class DeviceKubelet:
             self._follow(plugin), name=f"test-kubelet:{request.resource_name}"
         )
         self.plugins[request.resource_name] = plugin
-        self._registered.set()
         return pb.Empty()
 
     async def _follow(self, plugin: Plugin) -> None:
