@@ -125,6 +125,7 @@ class DevicePluginService:
         last: list[tuple[str, str]] | None = None
         try:
             while True:
+                changed.clear()  # before reading: a change from here on wakes the next round
                 devices = advertised(self._board)
                 current = [(d.ID, d.health) for d in devices]
                 if current != last:
@@ -137,7 +138,6 @@ class DevicePluginService:
                         extra=ctx(node=self.node, devices=len(current), healthy=healthy),
                     )
                     yield pb.ListAndWatchResponse(devices=devices)
-                changed.clear()
                 await changed.wait()
         finally:
             self._board.unsubscribe(changed)
