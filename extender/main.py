@@ -10,7 +10,8 @@ and serve it over HTTPS (``extender.tls_cert_file``/``tls_key_file``, kube-sched
 (:mod:`extender.probes`); until SIGTERM or SIGINT; then stop accepting, let
 running requests finish within ``extender.shutdown_timeout_seconds``, run the cleanup
 contexts (watch loops, the lease controller of :mod:`extender.lease.controller`, which runs
-on a clock accelerated by ``clock_speedup``) and close the store.
+on a clock accelerated by ``clock_speedup``; :mod:`extender.gcpolicy`, which freezes the
+listed inventory out of the garbage collector's way) and close the store.
 
 Neighbours: builds :mod:`extender.server`; nothing imports this module.
 """
@@ -32,7 +33,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from pydantic import ValidationError
 
 import flexlease.logging
-from extender import tasks, tls
+from extender import gcpolicy, tasks, tls
 from extender.lease import controller as lease_controller
 from extender.probes import create_probe_app
 from extender.server import CleanupContext, LeaderCheck, create_app
@@ -144,6 +145,7 @@ async def run(settings: Settings) -> None:
     contexts.append(
         lease_controller.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector)
     )
+    contexts.append(gcpolicy.cleanup_ctx())  # the listed inventory out of the collector's way
     try:
         await serve(
             settings,

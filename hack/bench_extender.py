@@ -1,6 +1,7 @@
 """Benchmark the extender at the paper's scale: 1,250 nodes × 8 GPUs, 5,000 running pods.
 
-Usage: ``python hack/bench_extender.py [--cycles 1000] [--nodes 1250] [--pods 5000] [--gc-freeze]``
+Usage: ``python hack/bench_extender.py [--cycles 1000] [--nodes 1250] [--pods 5000] [--scale 1250,2500,5000]
+[--profile N] [--no-gc-policy]``
 
 A server process (pinned to one CPU) loads the cluster into a ``MemoryStore`` — GPUNodes
 with a mix of GPU types, tiers, tier overrides, ownership tags, unhealthy devices and a
@@ -31,14 +32,19 @@ import platform
 import pstats
 import random
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
+
+from extender import gcpolicy
 from extender import server as extserver
 from extender.metrics import REQUEST_SECONDS
 from flexlease.api import keys
@@ -273,20 +279,26 @@ async def _server(
     settings = Settings(
         store=StoreSettings(kind="memory"), extender=ExtenderSettings(port=0, reservation_ttl_seconds=300)
     )
-    app = extserver.create_app(settings, store)
-    recorded: dict[str, list[float]] = {v: [] for v in VERBS}
+    contexts = [] if args.no_gc_policy else [gcpolicy.cleanup_ctx(gen0_threshold=args.gen0)]
+    app = extserver.create_app(settings, store, extra_contexts=contexts)
+    cache = app[extserver.FILTER_CACHE]
+    recorded: dict[str, list[float]] = {v: [] for v in (*VERBS, "empty", "filter_full", "filter_incr")}
 
     @web.middleware
     async def record(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         start = time.perf_counter()
+        full = cache.full
         try:
             return await handler(request)
         finally:
+            took = time.perf_counter() - start
             verb = request.path.lstrip("/")
             if verb in recorded:
-                recorded[verb].append(time.perf_counter() - start)
+                recorded[verb].append(took)
+            if verb == "filter":  # full filter (a new class of pods) or an incremental one
+                recorded["filter_full" if cache.full > full else "filter_incr"].append(took)
 
     app.middlewares.insert(0, record)
 
@@ -294,7 +306,7 @@ async def _server(
         await request.read()
         return web.json_response({})
 
-    floor = web.Application(client_max_size=64 << 20)
+    floor = web.Application(client_max_size=64 << 20, middlewares=[record])
     floor.router.add_post("/empty", empty)
     runners = [web.AppRunner(app), web.AppRunner(floor)]
     urls = []
@@ -309,17 +321,17 @@ async def _server(
     # ready, and the watch applied the load's last write (polling: nothing to wait on)
     while not inv.ready or int(pod_watch.resource_version or 0) < store.revision:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
-    if args.gc_freeze:
-        gc.collect()
-        gc.freeze()
-    gc_pauses: list[float] = []
-    gc_started = [0.0]
+    while not args.no_gc_policy and not gc.get_freeze_count():  # noqa: ASYNC110
+        await asyncio.sleep(0.05)  # the extender's policy froze the listed inventory
+    gc_pauses: list[tuple[int, float, float]] = []  # generation, wall seconds, CPU seconds
+    gc_started = [0.0, 0.0]
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            gc_started[0] = time.perf_counter()
-        elif info["generation"] == 2:
-            gc_pauses.append(time.perf_counter() - gc_started[0])
+            gc_started[:] = time.perf_counter(), time.thread_time()
+        else:
+            wall, cpu = time.perf_counter() - gc_started[0], time.thread_time() - gc_started[1]
+            gc_pauses.append((info["generation"], wall, cpu))
 
     gc.callbacks.append(on_gc)
     if profile is not None:  # profile the serving only
@@ -328,7 +340,7 @@ async def _server(
         profile.enable()
     conn.send({"urls": urls, "pending": pending, "load_s": load_s, "summary": inv.summary()})
     await asyncio.to_thread(conn.recv)  # the client is done
-    for v in recorded:
+    for v in VERBS:
         recorded[v] = recorded[v][args.warmup :]
     reg = app[extserver.METRICS].registry
     hist = {
@@ -339,13 +351,13 @@ async def _server(
         for v in VERBS
     }
     gc.callbacks.remove(on_gc)
-    cache = app[extserver.FILTER_CACHE]
     conn.send(
         {
             "recorded": recorded,
             "hist": hist,
             "summary": inv.summary(),
-            "gc2": gc_pauses,
+            "gc": gc_pauses,
+            "frozen": gc.get_freeze_count(),
             "cache": (cache.full, cache.incremental),
         }
     )
@@ -441,7 +453,7 @@ async def client(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1250)
-    parser.add_argument("--pods", type=int, default=5000, help="running pods holding GPUs")
+    parser.add_argument("--pods", type=int, default=0, help="running pods holding GPUs (default 4 per node)")
     parser.add_argument("--cycles", type=int, default=1000, help="scheduling cycles measured")
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
@@ -450,15 +462,46 @@ def main() -> None:
     parser.add_argument("--sync-bind", action="store_true", help="await each bind before the next cycle")
     parser.add_argument("--bind-connections", type=int, default=4)
     parser.add_argument(
-        "--gc-freeze", action="store_true", help="gc.freeze() after loading, in both processes"
+        "--gc-freeze", action="store_true", help="gc.freeze() the client's pending pods after loading"
+    )
+    parser.add_argument(
+        "--no-gc-policy",
+        action="store_true",
+        help="serve without the extender's GC policy (extender.gcpolicy: freeze after listing)",
+    )
+    parser.add_argument(
+        "--gen0", type=int, default=gcpolicy.GEN0_THRESHOLD, help="the GC policy's generation-0 threshold"
+    )
+    parser.add_argument(
+        "--scale",
+        type=str,
+        default="",
+        help="comma-separated node counts (e.g. 1250,2500,5000): one run each, 4 running pods per "
+        "node, then a table of the figures against the node count",
     )
     parser.add_argument("--profile", type=int, default=0, help="print the server's N costliest functions")
     args = parser.parse_args()
+    if not args.scale:
+        args.pods = args.pods or 4 * args.nodes
+        report(args, *run_once(args))
+        return
+    rows = []
+    for nodes in (int(n) for n in args.scale.split(",")):
+        run_args = argparse.Namespace(**{**vars(args), "nodes": nodes, "pods": 4 * nodes})
+        hello, result, server = run_once(run_args)
+        report(run_args, hello, result, server)
+        print()
+        rows.append((nodes, result, server))
+    scaling_table(rows)
 
+
+def run_once(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """One server process and one client run: (server hello, client result, server figures)."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=server_main, args=(child, args), name="extender-bench-server")
     proc.start()
+    affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {args.client_cpu})
     hello = parent.recv()
     names = [f"gpu-{i:05d}" for i in range(args.nodes)]
@@ -469,12 +512,19 @@ def main() -> None:
     parent.send("done")
     server = parent.recv()
     proc.join()
-
-    report(args, hello, result, server)
+    os.sched_setaffinity(0, affinity)
+    if args.gc_freeze:
+        gc.unfreeze()
+    return hello, result, server
 
 
 def _ms(values: list[float], q: float) -> str:
     return f"{percentile(values, q) * 1000:.2f}"
+
+
+def _per_cycle(result: dict[str, Any], server: dict[str, Any]) -> float:
+    """Server seconds per measured cycle (filter + prioritize + bind handler times)."""
+    return sum(sum(server["recorded"][v]) for v in VERBS) / len(result["times"]["cycle"])
 
 
 def report(
@@ -496,8 +546,12 @@ def report(
         + ", ".join(f"{v} {statistics.fmean(sizes[v]) / 1024:.1f} KiB" for v in VERBS if sizes[v])
     )
     print()
-    print("| verb | client p50 ms | client p99 ms | server p50 ms | server p99 ms | server mean ms (hist.) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    floor_c, floor_s = percentile(t["empty"], 0.5), percentile(rec["empty"], 0.5)
+    print(
+        "| verb | client p50 ms | client p99 ms | server p50 ms | server p99 ms | server mean ms (hist.) "
+        "| client p50 / floor | server p50 / floor |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for verb in VERBS:
         total, count = server["hist"][verb]
         mean = total / max(1.0, count) * 1000
@@ -507,25 +561,70 @@ def report(
             _ms(rec[verb], 0.5),
             _ms(rec[verb], 0.99),
             f"{mean:.2f}",
+            f"{percentile(t[verb], 0.5) / floor_c:.1f}x",
+            f"{percentile(rec[verb], 0.5) / floor_s:.1f}x",
         ]
         print(f"| {verb} | " + " | ".join(row) + " |")
-    floor = f"{_ms(t['empty'], 0.5)} | {_ms(t['empty'], 0.99)}"
-    print(f"| empty handler (HTTP floor, same body as filter) | {floor} | | | |")
-    print(f"| whole cycle | {_ms(t['cycle'], 0.5)} | {_ms(t['cycle'], 0.99)} | | | |")
+    for part, label in (("filter_incr", "filter, incremental"), ("filter_full", "filter, full (new class)")):
+        if rec[part]:
+            row = [
+                "",
+                "",
+                _ms(rec[part], 0.5),
+                _ms(rec[part], 0.99),
+                f"{statistics.fmean(rec[part]) * 1000:.2f}",
+            ]
+            print(
+                f"| {label} ({len(rec[part])}) | "
+                + " | ".join(row)
+                + f" | | {percentile(rec[part], 0.5) / floor_s:.1f}x |"
+            )
+    floor = " | ".join(_ms(xs, q) for xs in (t["empty"], rec["empty"]) for q in (0.5, 0.99))
+    print(f"| empty handler (HTTP floor, same body as filter) | {floor} | | 1.0x | 1.0x |")
+    print(f"| whole cycle | {_ms(t['cycle'], 0.5)} | {_ms(t['cycle'], 0.99)} | | | | | |")
     print()
     binds = "awaited" if args.sync_bind else "asynchronous, as kube-scheduler's binding cycle"
     print(
         f"cycles per second: {len(t['cycle']) / result['elapsed']:.0f} (filter -> prioritize, bind {binds})"
     )
-    busy = sum(sum(rec[v]) for v in VERBS)
-    per_cycle = busy / len(t["cycle"])
-    print(f"server time per cycle: {per_cycle * 1000:.2f} ms = {1 / per_cycle:.0f} cycles/s of one core")
-    print(f"filter p50 / HTTP floor p50: {percentile(t['filter'], 0.5) / percentile(t['empty'], 0.5):.2f}x")
-    gc2 = server["gc2"]
+    per_cycle = _per_cycle(result, server)
     print(
-        f"server: {len(gc2)} full (gen 2) collections, longest {max(gc2, default=0) * 1000:.1f} ms; "
-        f"filter cache {server['cache'][0]} full / {server['cache'][1]} incremental"
+        f"server time per cycle: {per_cycle * 1000:.2f} ms = {1 / per_cycle:.0f} cycles/s of one core "
+        f"= {per_cycle / floor_s:.1f}x the empty handler's server time"
     )
+    print(f"filter p50 / HTTP floor p50: {percentile(t['filter'], 0.5) / floor_c:.2f}x")
+    pauses = server["gc"]
+    by_gen = [[p for g, p, _ in pauses if g == gen] for gen in range(3)]
+    longest = max(pauses, key=lambda p: p[1], default=(0, 0.0, 0.0))
+    print(
+        "server GC: "
+        + ", ".join(
+            f"gen {g} {len(ps)} x, longest {max(ps, default=0) * 1000:.1f} ms" for g, ps in enumerate(by_gen)
+        )
+        + f"; longest pause {longest[1] * 1000:.1f} ms (of which on CPU {longest[2] * 1000:.1f} ms)"
+        + f"; {server['frozen']} objects frozen"
+    )
+    print(f"filter cache: {server['cache'][0]} full / {server['cache'][1]} incremental")
+
+
+def scaling_table(rows: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> None:
+    """Markdown table of the per-run figures against the node count (``--scale``)."""
+    print(
+        "| nodes (GPUs) | server ms / cycle | cycles/s of one core "
+        "| server p99 filter / prioritize / bind ms | incremental filter p50 ms | full filter p50 ms "
+        "| filter reply KiB | longest GC pause ms |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for nodes, result, server in rows:
+        rec = server["recorded"]
+        per_cycle = _per_cycle(result, server)
+        p99 = " / ".join(_ms(rec[v], 0.99) for v in VERBS)
+        longest = max((p for _, p, _ in server["gc"]), default=0) * 1000
+        print(
+            f"| {nodes:,} ({8 * nodes:,}) | {per_cycle * 1000:.2f} | {1 / per_cycle:.0f} | {p99} "
+            f"| {_ms(rec['filter_incr'], 0.5)} | {_ms(rec['filter_full'], 0.5)} "
+            f"| {statistics.fmean(result['sizes']['filter']) / 1024:.1f} | {longest:.1f} |"
+        )
 
 
 if __name__ == "__main__":
