@@ -32,6 +32,7 @@ Pure; no I/O.
 
 from __future__ import annotations
 
+import functools
 import re
 from decimal import Decimal
 from fractions import Fraction
@@ -78,6 +79,14 @@ def parse_quantity(value: str | int | float | Decimal) -> Fraction:
         value = repr(value) if isinstance(value, float) else str(value)
     if not isinstance(value, str):
         raise QuantityError(f"{_show(value)} is not a quantity")
+    return _parse_text(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction:
+    """:func:`parse_quantity` of a string, memoised: a cluster's pods repeat a handful of
+    quantities (``"1"``, ``"16"``, ``"128Gi"``) and every verb parses each pod's requests
+    (errors are raised, not cached)."""
     text = value.strip()
     m = _QUANTITY.fullmatch(text) if text else None
     if m is None:

@@ -863,3 +863,27 @@ async def test_reasons_read_well_in_the_schedulers_aggregation_and_say_whether_p
     never["spec"]["preemptionPolicy"] = "Never"
     reply = await post(client, "filter", payloads.extender_args(never, names))
     assert reply["FailedNodes"] == {} and len(reply["FailedAndUnresolvableNodes"]) == 4
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [
+        b"NaN",  # Python's json reads it, orjson refuses it
+        b'"\\ud800"',  # a lone surrogate: likewise
+        b"-9223372036854775809",  # below int64 but 20 characters: within MAX_JSON_INT_DIGITS
+        b"18446744073709551615",  # uint64's largest: both decoders read it
+    ],
+)
+async def test_fast_decoder_accepts_what_the_reference_decoder_accepts(
+    start: Any, store: MemoryStore, literal: bytes
+) -> None:
+    """Bodies are decoded by orjson first and by the reference decoder when orjson refuses
+    them: the extender accepts what it accepted before."""
+    await seed_cluster(store)
+    client = await start()
+    args = json.dumps(payloads.extender_args(payloads.pod("p"), ["n-free"])).encode()
+    body = args.replace(b'"metadata": {', b'"metadata": {"x": ' + literal + b", ", 1)
+    assert body != args
+    resp = await client.post("/filter", data=body, headers={"Content-Type": "application/json"})
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["NodeNames"] == ["n-free"]
