@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import uvloop
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
@@ -259,11 +260,12 @@ def percentile(values: list[float], q: float) -> float:
 def server_main(conn: Connection, args: argparse.Namespace) -> None:
     os.sched_setaffinity(0, {args.server_cpu})
     logging.getLogger("extender").setLevel(logging.ERROR)  # binds racing for a node are expected
+    run = asyncio.run if args.asyncio_loop else uvloop.run  # as extender.main: uvloop
     if not args.profile:
-        asyncio.run(_server(conn, args))
+        run(_server(conn, args))
         return
     profile = cProfile.Profile()
-    profile.runcall(asyncio.run, _server(conn, args, profile=profile))
+    profile.runcall(run, _server(conn, args, profile=profile))
     pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
 
 
@@ -478,6 +480,9 @@ def main() -> None:
         "--no-gc-policy",
         action="store_true",
         help="serve without the extender's GC policy (extender.gcpolicy: freeze after listing)",
+    )
+    parser.add_argument(
+        "--asyncio-loop", action="store_true", help="serve on asyncio's own event loop, not uvloop"
     )
     parser.add_argument(
         "--gen0", type=int, default=gcpolicy.GEN0_THRESHOLD, help="the GC policy's generation-0 threshold"
