@@ -9,8 +9,9 @@ kube-scheduler's ``enableHTTPS``), with mutual TLS when ``extender.tls_client_ca
 ``extender.metrics_port``, also a read-only plain-HTTP listener for metrics and probes
 (:mod:`extender.probes`); until SIGTERM or SIGINT; then stop accepting, let
 running requests finish within ``extender.shutdown_timeout_seconds``, run the cleanup
-contexts (watch loops, the lease controller of :mod:`extender.lease.controller`, which runs
-on a clock accelerated by ``clock_speedup``; :mod:`extender.gcpolicy`, which freezes the
+contexts (watch loops, the lease controller of :mod:`extender.lease.controller` and the
+in-place rollout controller of :mod:`extender.rollout.controller`, both leader-only and on a
+clock accelerated by ``clock_speedup``; :mod:`extender.gcpolicy`, which freezes the
 listed inventory out of the garbage collector's way) and close the store.
 
 Neighbours: builds :mod:`extender.server`; nothing imports this module.
@@ -37,6 +38,7 @@ import flexlease.logging
 from extender import gcpolicy, tasks, tls
 from extender.lease import controller as lease_controller
 from extender.probes import create_probe_app
+from extender.rollout import controller as rollout_controller
 from extender.server import CleanupContext, LeaderCheck, create_app
 from extender.state import Inventory
 from flexlease import config
@@ -145,6 +147,9 @@ async def run(settings: Settings) -> None:
         contexts.append(election_ctx(elector))
     contexts.append(
         lease_controller.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector)
+    )
+    contexts.append(
+        rollout_controller.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector)
     )
     contexts.append(gcpolicy.cleanup_ctx())  # the listed inventory out of the collector's way
     try:

@@ -33,6 +33,12 @@ LABEL_NO_KUBELET: Final = PREFIX + "no-kubelet"
 local demo, the tests, the benches). Only such sandboxes may be hot-restarted with the
 ``direct`` strategy; a sandbox or container carrying kubelet's own marks is kubelet's
 (``nodeagent.hotrestart.kubelet.kubelet_managed``)."""
+LABEL_RESTART_POLICY: Final = PREFIX + "restart-policy"
+"""``InPlace`` opts a workload in to in-place rollouts (WeFlex §3.3): on a StatefulSet with
+``updateStrategy: OnDelete``, a template image edit is rolled through its pods with hot
+restarts; on pods, a completed lend or reclaim of their job restarts them in place so the
+framework picks up its new GPU set (:mod:`extender.rollout`)."""
+RESTART_POLICY_IN_PLACE: Final = "InPlace"
 
 # Node labels
 LABEL_NODE_DEVICE_PLUGIN: Final = PREFIX + "device-plugin"
@@ -79,6 +85,15 @@ ANN_STAGING_MARGIN: Final = PREFIX + "staging-margin-seconds"
 ANN_STREAM_RESUME: Final = PREFIX + "stream-resume"
 """Written by the node agent when staging overflowed: JSON ``{"seq", "lost", "at"}`` — the
 stream sequence where the job's data resumes and how many records were lost before it."""
+
+# Workload annotations (written by the rollout controller, extender.rollout)
+ANN_MAX_UNAVAILABLE: Final = PREFIX + "max-unavailable"
+"""On an opted-in StatefulSet: how many pods may be restarting at once, a positive integer
+or ``all`` (default 1)."""
+ANN_ROLLOUT_STATUS: Final = PREFIX + "rollout-status"
+"""Progress of an in-place rollout, JSON (``revision``, ``phase``, ``updated``, ``total``,
+``current``, ``lastError``, ``skipped``, ``restartSeconds``...), on the StatefulSet for an image
+edit and on the GPULease for the reconfiguration after it."""
 
 # GPULease annotations (written by the lease controller)
 ANN_LEND_BASELINE: Final = PREFIX + "lend-baseline"

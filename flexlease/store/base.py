@@ -46,6 +46,7 @@ class Kind(enum.StrEnum):
     LEASE = "Lease"  # coordination.k8s.io/v1, for leader election
     PDB = "PodDisruptionBudget"  # policy/v1, consulted by evict
     NODE = "Node"  # core/v1, cluster-scoped; read by /bind to refuse nodes that do not exist
+    STATEFULSET = "StatefulSet"  # apps/v1; watched by the in-place rollout (extender.rollout)
 
     @property
     def namespaced(self) -> bool:

@@ -114,6 +114,14 @@ RESOURCES: Final[dict[Kind, Resource]] = {
         Resource(
             kind=Kind.NODE, group="", version="v1", plural="nodes", namespaced=False, status_subresource=True
         ),
+        Resource(
+            kind=Kind.STATEFULSET,
+            group="apps",
+            version="v1",
+            plural="statefulsets",
+            namespaced=True,
+            status_subresource=True,
+        ),
     )
 }
 """Every kind a store serves, by :class:`Kind`."""

@@ -34,10 +34,11 @@ API_VERSIONS: Final[Mapping[Kind, str]] = {
     Kind.LEASE: "coordination.k8s.io/v1",
     Kind.PDB: "policy/v1",
     Kind.NODE: "v1",
+    Kind.STATEFULSET: "apps/v1",
 }
 """``apiVersion`` of each kind, set on create."""
 
-STATUS_SUBRESOURCE: Final = frozenset({Kind.POD, Kind.GPUNODE, Kind.GPULEASE, Kind.NODE})
+STATUS_SUBRESOURCE: Final = frozenset({Kind.POD, Kind.GPUNODE, Kind.GPULEASE, Kind.NODE, Kind.STATEFULSET})
 """Kinds whose ``status`` only the ``status`` subresource writes (create drops it)."""
 
 FIRST_REVISION: Final = 1

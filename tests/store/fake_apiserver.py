@@ -3,7 +3,7 @@
 What it serves (the subset flexlease uses, with the API server's own semantics):
 
 * Kinds: Pods, Events (core/v1), Leases (coordination.k8s.io/v1), PodDisruptionBudgets
-  (policy/v1), GPUNodes (cluster-scoped) and GPULeases (flexlease.io/v1alpha1 CRDs with the
+  (policy/v1), StatefulSets (apps/v1), GPUNodes (cluster-scoped) and GPULeases (flexlease.io/v1alpha1 CRDs with the
   status subresource). URL layout as kube-apiserver's (``/api/v1/namespaces/{ns}/pods``,
   ``/apis/flexlease.io/v1alpha1/gpunodes/{name}/status``).
 * ``GET`` list: ``{"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion",

@@ -151,6 +151,16 @@ API_RESOURCES: tuple[ApiResource, ...] = (
         builtin=True,
     ),
     ApiResource(
+        group="apps",
+        version="v1",
+        plural="statefulsets",
+        kind="StatefulSet",
+        namespaced=True,
+        subresources=frozenset({"status"}),
+        field_labels=_META_FIELDS,
+        builtin=True,
+    ),
+    ApiResource(
         group="flexlease.io",
         version="v1alpha1",
         plural="gpunodes",
