@@ -316,14 +316,23 @@ def plan(
                     restart_seconds[name] = result.total_seconds
                 if result.pause_seconds is not None:
                     pause_seconds[name] = result.pause_seconds
+        request = pod.request
+        if request is not None and (result is None or result.id != request.id or not result.final):
+            # a restart in flight (ours or a superseded rollout's): never written over, and the
+            # pod counts as unavailable even once the agent has patched its spec image
+            busy.add(name)
+            if request.id in ours:
+                current.append(name)
+            continue
+        if result is not None and result.id in ours and result.phase == "Failed":
+            failures.append((name, result.message or "hot restart failed"))
+            continue
         todo: tuple[str, str] | None = None
+        missing = next((c for c in targets[name] if c not in pod.images), None)
+        if missing is not None:
+            failures.append((name, f"container {missing!r} is not in the pod; adding one needs recreation"))
+            continue
         for container, image in targets[name].items():
-            if container not in pod.images:
-                failures.append(
-                    (name, f"container {container!r} is not in the pod; adding one needs recreation")
-                )
-                todo = None
-                break
             done = result is not None and result.id == rid(container) and result.phase == "Succeeded"
             if id_prefix is None and pod.images[container] == image:
                 done = True
@@ -331,19 +340,9 @@ def plan(
                 todo = (container, image)
                 break
         if todo is None:
-            if not any(f[0] == name for f in failures):
-                updated.add(name)
-            continue
-        request = pod.request
-        if request is not None and (result is None or result.id != request.id or not result.final):
-            busy.add(name)
-            if request.id in ours:
-                current.append(name)
-            continue
-        if result is not None and result.id == rid(todo[0]) and result.phase == "Failed":
-            failures.append((name, result.message or "hot restart failed"))
-            continue
-        pending[name] = todo
+            updated.add(name)
+        else:
+            pending[name] = todo
 
     skipped = tuple(name for name in expected if name not in pods)
     before = set(previous.skipped) if same and previous is not None else set()

@@ -1,4 +1,5 @@
-"""The rollout controller against a real MemoryStore, with a simulated node agent answering
+"""The rollout controller against a MemoryStore and a KubeStore on the Kubernetes API
+stand-in (``tests/store/fake_apiserver.py``), with a simulated node agent answering
 ``hot-restart-status``: a 4-pod StatefulSet image edit rolled one pod at a time, ``all`` at
 once, a failure stopping the rollout, a superseding edit, a pod vanishing mid-rollout, workloads
 left to Kubernetes, and a completed reclaim restarting the job's pods in profile order."""
@@ -10,6 +11,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,18 +22,18 @@ from flexlease.api import keys
 from flexlease.clock import ManualClock
 from flexlease.config import Settings
 from flexlease.store.base import Kind, Store
-from flexlease.store.memory import MemoryStore
 from tests.extender.rollout.agent import SimAgent
+from tests.store.fake_apiserver import any_store
 
 NS = "online"
 IN_PLACE = {keys.LABEL_RESTART_POLICY: keys.RESTART_POLICY_IN_PLACE}
 
 
-@pytest.fixture
-async def store() -> AsyncIterator[MemoryStore]:
-    s = MemoryStore()
-    yield s
-    await s.close()
+@pytest.fixture(params=["memory", "kube"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """A MemoryStore, and a KubeStore on the Kubernetes API stand-in (real HTTP, list+watch)."""
+    async with any_store(request.param, tmp_path) as s:
+        yield s
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], *, within: float = 10.0) -> None:
@@ -172,7 +174,7 @@ def pending_is(agent: SimAgent, pods: list[str]) -> Callable[[], Awaitable[bool]
     return check
 
 
-async def test_a_4_pod_statefulset_image_edit_rolls_one_pod_at_a_time(store: MemoryStore) -> None:
+async def test_a_4_pod_statefulset_image_edit_rolls_one_pod_at_a_time(store: Store) -> None:
     await make_set(store, statefulset("rec", "reg/trainer:v1"))
     agent = SimAgent(store, gated=True)
     async with running(store, agent) as (_, registry):
@@ -208,18 +210,22 @@ async def test_a_4_pod_statefulset_image_edit_rolls_one_pod_at_a_time(store: Mem
         assert registry.get_sample_value("flexlease_rollout_restarts_in_progress", {"trigger": "image"}) == 0
 
 
-async def test_max_unavailable_all_restarts_every_pod_at_once(store: MemoryStore) -> None:
+async def test_max_unavailable_all_restarts_every_pod_at_once(store: Store) -> None:
     await make_set(store, statefulset("rec", "reg/trainer:v1", annotations={keys.ANN_MAX_UNAVAILABLE: "all"}))
     agent = SimAgent(store, gated=True)
     async with running(store, agent) as (_, registry):
         await edit_image(store, "rec", "reg/trainer:v2")
         await eventually(lambda: _true(len(agent.pending) == 4))
-        assert registry.get_sample_value("flexlease_rollout_restarts_in_progress", {"trigger": "image"}) == 4
+        await eventually(
+            lambda: _true(
+                registry.get_sample_value("flexlease_rollout_restarts_in_progress", {"trigger": "image"}) == 4
+            )
+        )
         await agent.finish(4)
         await eventually(phase(store, "rec", "Complete"))
 
 
-async def test_a_failed_restart_stops_the_rollout_with_a_clear_status(store: MemoryStore) -> None:
+async def test_a_failed_restart_stops_the_rollout_with_a_clear_status(store: Store) -> None:
     await make_set(store, statefulset("rec", "reg/trainer:v1"))
     agent = SimAgent(store, fail={"rec-2": "pull reg/trainer:v2: not found"})
     async with running(store, agent) as (_, registry):
@@ -248,7 +254,7 @@ async def test_a_failed_restart_stops_the_rollout_with_a_clear_status(store: Mem
 
 
 async def test_a_superseding_edit_waits_for_the_restart_in_flight_then_rolls_the_new_image(
-    store: MemoryStore,
+    store: Store,
 ) -> None:
     await make_set(store, statefulset("rec", "reg/trainer:v1"))
     agent = SimAgent(store, gated=True)
@@ -278,7 +284,7 @@ async def test_a_superseding_edit_waits_for_the_restart_in_flight_then_rolls_the
         assert ("rec", "RolloutSuperseded", "Normal") in await reasons(store)
 
 
-async def test_a_pod_that_vanishes_mid_rollout_is_skipped_and_reported(store: MemoryStore) -> None:
+async def test_a_pod_that_vanishes_mid_rollout_is_skipped_and_reported(store: Store) -> None:
     await make_set(store, statefulset("rec", "reg/trainer:v1"))
     agent = SimAgent(store, gated=True)
     async with running(store, agent):
@@ -295,7 +301,7 @@ async def test_a_pod_that_vanishes_mid_rollout_is_skipped_and_reported(store: Me
         assert ("rec", "PodSkipped", "Warning") in await reasons(store)
 
 
-async def test_workloads_that_did_not_opt_in_are_left_to_kubernetes(store: MemoryStore) -> None:
+async def test_workloads_that_did_not_opt_in_are_left_to_kubernetes(store: Store) -> None:
     await make_set(store, statefulset("plain", "reg/a:v1", labels={}))
     await make_set(store, statefulset("rolling", "reg/b:v1", strategy="RollingUpdate"))
     agent = SimAgent(store)
@@ -313,7 +319,7 @@ async def test_workloads_that_did_not_opt_in_are_left_to_kubernetes(store: Memor
         assert await rollout_status(store, Kind.STATEFULSET, "rolling") == {}
 
 
-async def test_a_completed_reclaim_restarts_the_job_s_pods_in_profile_order(store: MemoryStore) -> None:
+async def test_a_completed_reclaim_restarts_the_job_s_pods_in_profile_order(store: Store) -> None:
     owner = ("MPIJob", "job")
     mpi = {keys.LABEL_FRAMEWORK: "mpi", keys.LABEL_OWNER: f"{NS}/job", **IN_PLACE}
     await store.create(
