@@ -266,7 +266,7 @@ async def test_a_superseding_edit_waits_for_the_restart_in_flight_then_rolls_the
 
         async def superseded() -> bool:
             status = await rollout_status(store, Kind.STATEFULSET, "rec")
-            return status.get("superseded") == first and status["revision"] != first
+            return bool(status.get("superseded") == first) and status["revision"] != first
 
         await eventually(superseded)
         await asyncio.sleep(0.05)
