@@ -16,8 +16,10 @@ Pods, GPULeases) only enqueue keys; one worker reconciles them, level-triggered,
   restarts the container in its sandbox; the controller never touches the pod spec. A
   StatefulSet without the label, or with ``RollingUpdate``, is left to Kubernetes.
 * ``lease/<ns>/<name>``: a GPULease (Lend or Reclaim) that reached ``Done``: the owner's pods
-  labelled ``flexlease.io/restart-policy: InPlace`` get a same-image restart request so the
-  training framework picks up its new GPU set, in waves from the job's framework profile
+  labelled ``flexlease.io/restart-policy: InPlace`` that ran before it (not those created to
+  take the GPUs back, ``flexlease.io/reclaim``, nor any created after the lease: they start
+  on the new GPU set) get a same-image restart request so the training framework picks up
+  its new GPU set, in waves from the job's framework profile
   (:mod:`extender.rollout.order`), every pod of a wave at once.
 
 Progress goes to ``flexlease.io/rollout-status`` on the StatefulSet or the GPULease (JSON:
@@ -45,6 +47,7 @@ from extender import tasks
 from extender.lease.events import ObjectRef, event_object
 from extender.lease.mirror import Mirror
 from extender.lease.planner import EventType
+from extender.lease.view import parse_time
 from extender.lease.workqueue import WorkQueue
 from extender.orchestrator import profile as profiles
 from extender.rollout import plan as rollout
@@ -134,6 +137,19 @@ def pod_owner(pod: Mapping[str, Any]) -> str | None:
     if isinstance(owner, str) and owner:
         return owner
     return default_owner(meta, str(meta.get("namespace") or ""))
+
+
+def _started_with_new_gpus(pod: Mapping[str, Any], lease: Mapping[str, Any]) -> bool:
+    """A pod created to take back lent GPUs (``flexlease.io/reclaim: "true"``) or created
+    after the lease starts on its new GPU set already: it needs no reconfiguration restart."""
+    meta = _meta(pod)
+    if (meta.get("annotations") or {}).get(keys.ANN_RECLAIM) == "true":
+        return True
+    created, since = meta.get("creationTimestamp"), _meta(lease).get("creationTimestamp")
+    try:
+        return isinstance(created, str) and isinstance(since, str) and parse_time(created) > parse_time(since)
+    except ValueError:
+        return False  # unreadable: restart it rather than leave it on a stale GPU set
 
 
 class RolloutController:
@@ -357,6 +373,8 @@ class RolloutController:
             if pmeta.get("namespace") != namespace or not _opted_in(pod) or is_terminated(pod):
                 continue
             if not (pod.get("spec") or {}).get("nodeName") or pod_owner(pod) != lease.spec.owner:
+                continue
+            if previous is None and _started_with_new_gpus(pod, obj):
                 continue
             if previous is not None and pmeta.get("name") not in previous.pods:
                 continue  # the set is fixed when the reconfiguration starts

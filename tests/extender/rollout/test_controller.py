@@ -336,6 +336,10 @@ async def test_a_completed_reclaim_restarts_the_job_s_pods_in_profile_order(stor
     await store.create(
         Kind.POD, pod("job-sidecar", "reg/s:v1", owner=owner, labels={keys.LABEL_OWNER: f"{NS}/job"})
     )
+    # nor a pod created to take the GPUs back: it starts on the new GPU set
+    back = pod("job-worker-2", "reg/mpi:v1", owner=owner, labels={**mpi, keys.LABEL_ROLE: "worker"})
+    back["metadata"]["annotations"] = {keys.ANN_RECLAIM: "true"}
+    await store.create(Kind.POD, back)
     lease = {
         "metadata": {"name": "reclaim-1", "namespace": NS},
         "spec": {"owner": f"{NS}/job", "action": "Reclaim", "count": 2},
