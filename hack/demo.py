@@ -22,8 +22,10 @@ The day (simulated time): 00:00 the online job ``recsys/ranker`` starts 16 one-G
 nodes gpu-0 and gpu-1; 01:00 traffic falls and it lends gpu-1's 8 GPUs (``GPULease`` Lend);
 02:00 low-priority jobs take them and gpu-2; 06:00 gpu-1/3 fails; 09:00 traffic peaks: a
 Reclaim lease gives the LP pods a graceful-reclaim notice and evicts them, the failed GPU is
-supplemented from the standby node gpu-3, the job's 8 pods come back onto the same GPUs, and
-the 8 pods that stayed are hot-restarted in their sandboxes onto the new model image.
+supplemented from the standby node gpu-3, the job's 8 pods come back onto the same GPUs, the
+extender's rollout controller restarts the 8 pods that stayed in place so the job picks up its
+new GPU set (as it did after the lend; ``extender.rollout``), and then they are hot-restarted
+in their sandboxes onto the new model image.
 Prints a report (including whether every pod ran on exactly its assigned GPUs) and writes
 ``report.json`` and ``gpu-timeline.png`` under ``--out``.
 """
@@ -501,6 +503,8 @@ class Demo:
             image=image,
         )
         pod["spec"]["containers"][0]["name"] = "trainer"
+        # the job reconfigures in place after a lend or reclaim (extender.rollout)
+        pod["metadata"].setdefault("labels", {})[keys.LABEL_RESTART_POLICY] = keys.RESTART_POLICY_IN_PLACE
         return pod
 
     async def create_lease(self, name: str, action: LeaseAction, devices: Sequence[DeviceKey]) -> None:
@@ -654,6 +658,24 @@ async def run_day(demo: Demo, *, report: dict[str, Any], end_hour: float = 24.0)
         "simulatedSeconds": round(reclaim_sim),
     }
 
+    # the reclaim is done: the extender's rollout controller restarts the pods that stayed in
+    # place (same image, same sandbox) so the job picks up its new GPU set (WeFlex §3.2 step e)
+    async def reconfigured() -> JsonObj | None:
+        obj = await demo.store.get(Kind.GPULEASE, "peak", namespace=OWNER_NS)
+        raw = obj["metadata"].get("annotations", {}).get(keys.ANN_ROLLOUT_STATUS)
+        status = json.loads(raw) if raw else {}
+        return status if status.get("phase") in ("Complete", "Failed") else None
+
+    rollout = await demo.wait_for("the in-place reconfiguration after the reclaim", reconfigured, limit_s=120)
+    report["reconfigure"] = {
+        key: rollout.get(key)
+        for key in ("phase", "updated", "total", "lastError", "skipped", "restartSeconds", "pauseSeconds")
+    }
+    demo.say(
+        f"reconfiguration after the reclaim: {rollout.get('phase')}, "
+        f"{rollout.get('updated')}/{rollout.get('total')} pods restarted in place"
+    )
+
     # hot restart of the pods that stayed, onto the new model image
     stayed = sorted(i for i in placed if i not in leaving)
     request_id = "model-v2"
@@ -769,6 +791,16 @@ def print_report(report: dict[str, Any]) -> None:
         lines.append(
             f"hot restarts:  {succeeded}/{len(hot)} succeeded, median {totals[len(totals) // 2]:.3f} s "
             f"(same sandbox: {same_sandbox}, same pod IP: {same_ip})"
+        )
+    rc = report.get("reconfigure") or {}
+    if rc:
+        per_pod = ", ".join(
+            f"{name.rsplit('-', 1)[-1]}: {seconds:.3f}"
+            for name, seconds in sorted(rc["restartSeconds"].items())
+        )
+        lines.append(
+            f"reconfigure:   {rc['phase']}, {rc['updated']}/{rc['total']} pods restarted in place after the "
+            f"reclaim by the extender's rollout (s per pod {per_pod})"
         )
     if cold:
         lines.append(

@@ -129,14 +129,16 @@ def _controller_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 def pod_owner(pod: Mapping[str, Any]) -> str | None:
-    """The job a pod belongs to, ``<ns>/<job>``: its ``flexlease.io/owner`` label, else its
-    controller (as the lease controller matches owners)."""
+    """The job a pod belongs to, ``<ns>/<job>``: its ``flexlease.io/owner`` label (``<job>``,
+    in the pod's namespace), else its controller — as :func:`flexlease.api.pod.parse_pod` reads it."""
     meta = _meta(pod)
+    namespace = str(meta.get("namespace") or "")
     labels = meta.get("labels") or {}
     owner = labels.get(keys.LABEL_OWNER) if isinstance(labels, dict) else None
     if isinstance(owner, str) and owner:
-        return owner
-    return default_owner(meta, str(meta.get("namespace") or ""))
+        # label values cannot hold '/': the label carries '<job>', the namespace completes it
+        return owner if "/" in owner else f"{namespace}/{owner}"
+    return default_owner(meta, namespace)
 
 
 def _started_with_new_gpus(pod: Mapping[str, Any], lease: Mapping[str, Any]) -> bool:
@@ -372,6 +374,8 @@ class RolloutController:
             pmeta = _meta(pod)
             if pmeta.get("namespace") != namespace or not _opted_in(pod) or is_terminated(pod):
                 continue
+            if pmeta.get("deletionTimestamp"):
+                continue  # leaving (a lend scales the job down)
             if not (pod.get("spec") or {}).get("nodeName") or pod_owner(pod) != lease.spec.owner:
                 continue
             if previous is None and _started_with_new_gpus(pod, obj):

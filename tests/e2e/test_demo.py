@@ -1,7 +1,8 @@
 """The main job, shortened: hack/demo.py on a real containerd with the real extender and agents.
 
 Runs the accelerated day up to 10:00 (lend, LP usage, a GPU falling off the bus, reclaim with
-standby supplement, hot restarts) and checks the report it writes.
+standby supplement, the in-place reconfiguration after the reclaim, hot restarts) and checks
+the report it writes.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ async def test_demo_day_lends_reclaims_supplements_and_hot_restarts(
         f"batch/{n}" for n in report["lowPriority"]["onLentGPUs"]
     )
     assert "gpu-3" in reclaim["podsPlacedOn"].values()
+    # the extender's rollout controller restarted the 8 pods that stayed in place after the reclaim
+    reconfigure = report["reconfigure"]
+    assert (reconfigure["phase"], reconfigure["updated"], reconfigure["total"]) == ("Complete", 8, 8), (
+        reconfigure
+    )
+    assert len(reconfigure["restartSeconds"]) == 8 and not reconfigure["skipped"]
+    assert "reconfigure:   Complete, 8/8 pods restarted in place" in text
     hot = report["hotRestart"]
     assert len(hot) == 8
     assert all(h["phase"] == "Succeeded" and h["sameSandbox"] and h["samePodIP"] for h in hot.values()), hot

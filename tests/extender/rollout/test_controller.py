@@ -321,7 +321,7 @@ async def test_workloads_that_did_not_opt_in_are_left_to_kubernetes(store: Store
 
 async def test_a_completed_reclaim_restarts_the_job_s_pods_in_profile_order(store: Store) -> None:
     owner = ("MPIJob", "job")
-    mpi = {keys.LABEL_FRAMEWORK: "mpi", keys.LABEL_OWNER: f"{NS}/job", **IN_PLACE}
+    mpi = {keys.LABEL_FRAMEWORK: "mpi", keys.LABEL_OWNER: "job", **IN_PLACE}
     await store.create(
         Kind.POD,
         pod("job-launcher", "reg/mpi:v1", owner=owner, labels={**mpi, keys.LABEL_ROLE: "coordinator"}),
@@ -334,7 +334,7 @@ async def test_a_completed_reclaim_restarts_the_job_s_pods_in_profile_order(stor
     # not restarted: another job's pod, and a pod of this job that did not opt in
     await store.create(Kind.POD, pod("other-0", "reg/x:v1", owner=("MPIJob", "other"), labels=IN_PLACE))
     await store.create(
-        Kind.POD, pod("job-sidecar", "reg/s:v1", owner=owner, labels={keys.LABEL_OWNER: f"{NS}/job"})
+        Kind.POD, pod("job-sidecar", "reg/s:v1", owner=owner, labels={keys.LABEL_OWNER: "job"})
     )
     # nor a pod created to take the GPUs back: it starts on the new GPU set
     back = pod("job-worker-2", "reg/mpi:v1", owner=owner, labels={**mpi, keys.LABEL_ROLE: "worker"})
