@@ -322,6 +322,8 @@ class RolloutController:
                 continue
             if _controller_of(pod) != ("StatefulSet", name) or is_terminated(pod):
                 continue
+            if pmeta.get("deletionTimestamp"):
+                continue  # being deleted: vanishing, skipped (its replacement gets the new template)
             pods[str(pmeta["name"])] = rollout.read_pod(pod)
         annotations = meta.get("annotations") or {}
         try:
