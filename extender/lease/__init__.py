@@ -3,6 +3,6 @@
 ``view`` derives a frozen picture of the cluster's GPUs from GPUNodes and pods, ``ledger``
 reads an owner's lend history from its GPULeases, ``planner`` decides (pure: Lend, Reclaim,
 tag release, standby pool), ``controller`` watches the store, reconciles and writes.
-``clock`` and ``workqueue`` are the controller's time and queue; ``metrics`` its Prometheus
-families. Entry point: :func:`extender.lease.controller.run` (or ``LeaseController``).
+``workqueue`` is the controller's queue (its time is :mod:`flexlease.clock`); ``metrics`` its
+Prometheus families. Entry point: :func:`extender.lease.controller.run` (or ``LeaseController``).
 """
