@@ -35,6 +35,7 @@ from extender.admission import BindCheck
 from extender.state import Inventory
 from flexlease.api import keys
 from flexlease.api.pod import Assignment, GpuRequest, parse_pod
+from flexlease.clock import format_time
 from flexlease.errors import Conflict, FlexleaseError, RequestError, StoreError
 from flexlease.logging import ctx
 from flexlease.store.base import Kind, Store
@@ -184,7 +185,7 @@ class Binder:
         ):
             # Recorded already (a previous attempt): only the Binding is missing.
             return await self._create_binding(req, node=node, assignment=assignment, wrote_at=None)
-        at = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        at = format_time(datetime.now(UTC))
         patch = {
             "metadata": {
                 "annotations": {

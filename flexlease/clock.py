@@ -35,6 +35,13 @@ SETTLE_YIELDS = 20
 """Loop iterations :meth:`ManualClock.set` yields after each wake-up, letting woken tasks run."""
 
 
+def format_time(when: datetime) -> str:
+    """An aware datetime as Kubernetes writes ``metav1.Time``: RFC 3339 in UTC, whole seconds,
+    ``Z`` suffix (``2026-01-02T15:04:05Z``). A naive datetime is taken as local time
+    (``datetime.astimezone``)."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 @runtime_checkable
 class Clock(Protocol):
     """Wall-clock time and waiting on that clock."""

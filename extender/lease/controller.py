@@ -54,7 +54,6 @@ from extender.lease.view import (
     ClusterView,
     Holder,
     assemble,
-    format_time,
     read_holder,
     salvaged_holder,
 )
@@ -69,7 +68,7 @@ from flexlease.api.resources import (
     parse_gpulease,
     parse_gpunode,
 )
-from flexlease.clock import Clock, SystemClock
+from flexlease.clock import Clock, SystemClock, format_time
 from flexlease.config import Settings
 from flexlease.errors import Conflict, NotFound, PodSpecError, TooManyRequests
 from flexlease.logging import ctx

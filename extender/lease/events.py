@@ -14,8 +14,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from extender.lease.planner import EventType
-from extender.lease.view import format_time
 from flexlease.api import keys
+from flexlease.clock import format_time
 
 COMPONENT: Final = "flexlease-lease-controller"
 MESSAGE_LIMIT: Final = 1024

@@ -121,11 +121,6 @@ def parse_time(value: str) -> datetime:
     return parsed.astimezone(UTC)
 
 
-def format_time(value: datetime) -> str:
-    """RFC 3339 UTC with a ``Z`` suffix, whole seconds (as Kubernetes writes times)."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def read_holder(
     pod: dict[str, Any],
     resource: str = keys.DEFAULT_GPU_RESOURCE,

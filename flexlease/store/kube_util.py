@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeVar
 
+from flexlease.clock import format_time
 from flexlease.errors import Conflict, NotFound, StoreError
 from flexlease.logging import ctx
 from flexlease.store.base import JsonObj, Kind, Store
@@ -115,10 +116,6 @@ _CACHE_SIZE: Final = 4096
 _DEFAULT_NAMESPACE: Final = "default"
 
 
-def _timestamp() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class EventRecorder:
     """Writes core/v1 Events about objects, as client-go's ``record.EventRecorder`` does.
 
@@ -181,7 +178,10 @@ class EventRecorder:
                 name, ns, count, _ = cached
                 try:
                     event = await self._store.patch(
-                        Kind.EVENT, name, {"count": count + 1, "lastTimestamp": _timestamp()}, namespace=ns
+                        Kind.EVENT,
+                        name,
+                        {"count": count + 1, "lastTimestamp": format_time(datetime.now(UTC))},
+                        namespace=ns,
                     )
                     self._remember(key, name, ns, count + 1, now)
                     return event
@@ -222,7 +222,7 @@ class EventRecorder:
         for src, dst in (("namespace", "namespace"), ("uid", "uid"), ("resourceVersion", "resourceVersion")):
             if meta.get(src):
                 ref[dst] = meta[src]
-        stamp = _timestamp()
+        stamp = format_time(datetime.now(UTC))
         event: JsonObj = {
             "apiVersion": "v1",
             "kind": "Event",

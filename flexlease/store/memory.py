@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from flexlease.clock import Clock
+from flexlease.clock import Clock, format_time
 from flexlease.errors import Conflict, Gone, NotFound, StoreError
 from flexlease.store import semantics
 from flexlease.store.base import (
@@ -189,7 +189,7 @@ class MemoryStore:
             kind,
             obj,
             uid=self._uids() if self._uids is not None else None,
-            created=semantics.format_time(self._clock.now_utc()) if self._clock is not None else None,
+            created=format_time(self._clock.now_utc()) if self._clock is not None else None,
         )
         if key in self._objects[kind]:
             where = f"{key[0]}/{key[1]}" if key[0] else key[1]

@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from flexlease.api import keys
+from flexlease.clock import format_time
 from flexlease.errors import Conflict, StoreError, TooManyRequests
 from flexlease.store.base import EventType, JsonObj, Kind, Selector, WatchEvent
 from flexlease.store.merge import merge_patch
@@ -84,11 +85,6 @@ def decode(text: str) -> JsonObj:
 def now_rfc3339() -> str:
     """Current UTC time as Kubernetes writes ``metav1.Time``: ``2026-01-02T15:04:05Z``."""
     return format_time(datetime.now(UTC))
-
-
-def format_time(when: datetime) -> str:
-    """An aware datetime as Kubernetes writes ``metav1.Time`` (seconds, ``Z``)."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def bad_request(message: str) -> StoreError:
@@ -344,7 +340,7 @@ def delete_pod(
     out = dict(pod)
     out["metadata"] = {
         **meta,
-        "deletionTimestamp": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "deletionTimestamp": format_time(when),
         "deletionGracePeriodSeconds": grace,
     }
     return out

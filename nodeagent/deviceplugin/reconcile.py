@@ -39,6 +39,7 @@ import grpc
 from flexlease import errors
 from flexlease.api import keys
 from flexlease.api.pod import Assignment, is_terminated, salvage_assignment
+from flexlease.clock import format_time
 from flexlease.config import AgentSettings
 from flexlease.logging import ctx
 from flexlease.store.base import Kind, Store
@@ -54,10 +55,6 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_SECONDS: Final = 5.0
 LISTED_TIMEOUT_SECONDS: Final = 1.0
-
-
-def _rfc3339(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class PodResourcesReconciler:
@@ -241,7 +238,7 @@ class PodResourcesReconciler:
         new = Assignment(self.node, tuple(index_of[u] for u in ids))
         if was == new:
             return
-        now = _rfc3339(self._now())
+        now = format_time(self._now())
         patch = {
             "metadata": {
                 "annotations": {

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from extender.lease import planner
 from extender.lease.ledger import Ledger
 from extender.lease.planner import LeasePlan
-from extender.lease.view import ClusterView, build_view, format_time
+from extender.lease.view import ClusterView, build_view
 from flexlease.api import keys
 from flexlease.api.resources import (
     DeviceKey,
@@ -24,6 +24,7 @@ from flexlease.api.resources import (
     parse_gpunode,
 )
 from flexlease.api.tiers import Tier
+from flexlease.clock import format_time
 from tests.extender.lease.builders import A100, H20, T0, gpunode, lease, pod
 
 OWNER = "online/rec"

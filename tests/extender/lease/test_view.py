@@ -6,11 +6,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from extender.lease.view import build_view, format_time, parse_time, read_holder
+from extender.lease.view import build_view, parse_time, read_holder
 from flexlease.api import keys
 from flexlease.api.pod import Priority
 from flexlease.api.resources import DeviceKey, Health, Pool, parse_gpunode
 from flexlease.api.tiers import Tier
+from flexlease.clock import format_time
 from tests.extender.lease.builders import H20, gpunode, pod
 
 
