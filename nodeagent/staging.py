@@ -137,6 +137,16 @@ class Staging:
             self.restarted_at = time.monotonic()
 
 
+def _raise_if_cancelling() -> None:
+    """Raise ``CancelledError`` when this task has been asked to cancel. nats-py swallows a
+    cancellation that lands while it flushes (``except asyncio.CancelledError: pass`` in
+    ``Client._flush_pending`` and ``drain``), so a loop of broker calls must look for itself,
+    or it outlives its cancel (up to ``max_hold_seconds``)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class Stager:
     """Starts and watches staging streams for this node's restarting jobs (module docstring).
 
@@ -239,6 +249,7 @@ class Stager:
             while time.monotonic() - s.began < self._max_hold:
                 if await self._check(s):
                     break
+                _raise_if_cancelling()
                 await asyncio.sleep(self._poll)
             else:
                 log.warning("staging held too long; dropped", extra=ctx(pod=s.pod, node=self.node))
