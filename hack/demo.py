@@ -59,6 +59,7 @@ from flexlease.api import keys
 from flexlease.api.pod import parse_pod, pod_gpu_count
 from flexlease.api.resources import DeviceKey, LeaseAction, Pool, parse_gpulease, parse_gpunode
 from flexlease.api.tiers import Tier
+from flexlease.clock import format_time
 from flexlease.errors import FlexleaseError, NotFound, StoreError
 from flexlease.sim import objects
 from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient
@@ -250,7 +251,7 @@ class Kubelet:
             await self.store.patch(
                 Kind.POD,
                 meta["name"],
-                {"status": {"phase": "Running", "podIP": ip, "startTime": _rfc3339()}},
+                {"status": {"phase": "Running", "podIP": ip, "startTime": format_time(datetime.now(UTC))}},
                 namespace=meta["namespace"],
                 subresource="status",
             )
@@ -274,10 +275,6 @@ class Kubelet:
             except StoreError as exc:
                 self.errors.append(f"sync: {exc}")
             await asyncio.sleep(0.1)
-
-
-def _rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def node_config(name: str) -> JsonObj:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from extender.orchestrator.profile import Role
 from extender.orchestrator.snapshot import PodState, Snapshot, pod_state
 from flexlease.api import keys
+from flexlease.api.pod import owner_label_value
 from flexlease.clock import Clock
 from flexlease.logging import ctx
 from flexlease.store.base import EventType, Kind, Selector, Store, WatchEvent
@@ -27,7 +28,8 @@ log = logging.getLogger(__name__)
 class ReadinessWatch:
     """The readiness snapshot of one job's pods, kept from watches filtered by role labels.
 
-    In: a store, the job's namespace and owner (the ``flexlease.io/owner`` label value), the
+    In: a store, the job's namespace and owner (``<ns>/<job>``, or the bare ``flexlease.io/owner``
+    label value ``<job>``: pods are selected by the label value, which cannot hold ``/``), the
     profile's roles. Use ``async with watch.running():``; read :meth:`latest`, or wait for a
     change with :meth:`wait_newer`."""
 
@@ -69,7 +71,9 @@ class ReadinessWatch:
                 Kind.POD,
                 handler=self._on_event(role),
                 namespace=self._namespace,
-                selector=Selector(labels={keys.LABEL_OWNER: self._owner, keys.LABEL_ROLE: role}),
+                selector=Selector(
+                    labels={keys.LABEL_OWNER: owner_label_value(self._owner), keys.LABEL_ROLE: role}
+                ),
                 name=f"orchestrator-watch/{self._owner}/{role}",
             )
             tasks.append(asyncio.create_task(informer.run(), name=informer.name))

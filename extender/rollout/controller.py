@@ -53,11 +53,11 @@ from extender.orchestrator import profile as profiles
 from extender.rollout import plan as rollout
 from extender.rollout.order import OrdinalOrder, ProfileOrder, RestartOrder
 from flexlease.api import keys
-from flexlease.api.pod import default_owner, is_terminated
+from flexlease.api.pod import default_owner, is_terminated, owner_from_label
 from flexlease.api.resources import LeaseAction, LeasePhase, parse_gpulease
 from flexlease.clock import Clock, SystemClock
 from flexlease.config import Settings
-from flexlease.errors import Conflict, NotFound
+from flexlease.errors import Conflict, NotFound, PodSpecError
 from flexlease.logging import ctx
 from flexlease.store.base import EventType as WatchType
 from flexlease.store.base import JsonObj, Kind, Store
@@ -136,8 +136,10 @@ def pod_owner(pod: Mapping[str, Any]) -> str | None:
     labels = meta.get("labels") or {}
     owner = labels.get(keys.LABEL_OWNER) if isinstance(labels, dict) else None
     if isinstance(owner, str) and owner:
-        # label values cannot hold '/': the label carries '<job>', the namespace completes it
-        return owner if "/" in owner else f"{namespace}/{owner}"
+        try:
+            return owner_from_label(owner, namespace)
+        except PodSpecError:
+            return None  # an invalid label names no job: the pod is not this job's
     return default_owner(meta, namespace)
 
 

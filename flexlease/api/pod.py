@@ -7,6 +7,7 @@ pattern); filter and prioritize read the result. Pure; no I/O.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -154,6 +155,34 @@ def is_terminated(pod: dict[str, Any]) -> bool:
     return isinstance(phase, str) and phase in _TERMINAL_PHASES
 
 
+_LABEL_VALUE: Final = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+"""A Kubernetes label value (``IsValidLabelValue``, apimachinery validation.go): at most 63
+characters, alphanumerics, ``-``, ``_`` and ``.``, beginning and ending with an alphanumeric."""
+
+
+def owner_from_label(value: str, namespace: str) -> str:
+    """The job identity ``<ns>/<job>`` from a ``flexlease.io/owner`` label value ``<job>`` on a
+    pod in ``namespace``. The label holds only the job name: a label value cannot hold ``/``
+    (a real API server rejects the pod), and the pod's own namespace completes the identity,
+    so a pod can never name another namespace's job (and claim its tagged GPUs).
+
+    Raises :class:`PodSpecError` when ``value`` is not a valid Kubernetes label value
+    (e.g. a hand-made ``other-ns/job`` written to a store that does not validate labels)."""
+    if not value or not _LABEL_VALUE.fullmatch(value):
+        raise PodSpecError(
+            f"label {keys.LABEL_OWNER}={value!r}: expected the job's name, a valid label value "
+            "(<= 63 characters of [A-Za-z0-9-_.], alphanumeric at both ends); the pod's namespace "
+            "completes the owner"
+        )
+    return f"{namespace}/{value}"
+
+
+def owner_label_value(owner: str) -> str:
+    """The ``flexlease.io/owner`` label value (``<job>``) for the job identity ``<ns>/<job>``
+    (a bare ``<job>`` is returned as is)."""
+    return owner.rpartition("/")[2]
+
+
 def default_owner(meta: dict[str, Any], namespace: str) -> str | None:
     """``<ns>/<controller name>`` from the controller ownerReference, or None. Raises
     :class:`PodSpecError` when ``ownerReferences`` is not a list of objects or a
@@ -221,10 +250,10 @@ def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) ->
     if raw_reclaim not in ("true", "false"):
         raise PodSpecError(f"annotation {keys.ANN_RECLAIM}={raw_reclaim!r}: expected 'true' or 'false'")
 
-    owner = labels.get(keys.LABEL_OWNER) or default_owner(meta, namespace)
-    # Label values cannot hold '/': the label carries '<job>' and the pod's namespace completes it.
-    if owner is not None and "/" not in owner:
-        owner = f"{namespace}/{owner}"
+    raw_owner = labels.get(keys.LABEL_OWNER)
+    if raw_owner is not None and not isinstance(raw_owner, str):
+        raise PodSpecError(f"label {keys.LABEL_OWNER} must be a string")
+    owner = owner_from_label(raw_owner, namespace) if raw_owner else default_owner(meta, namespace)
 
     assignment = None
     if keys.ANN_ASSIGNED_GPUS in annotations:

@@ -3,7 +3,14 @@ from __future__ import annotations
 import pytest
 
 from flexlease.api import keys
-from flexlease.api.pod import Assignment, Priority, parse_pod, pod_gpu_count
+from flexlease.api.pod import (
+    Assignment,
+    Priority,
+    owner_from_label,
+    owner_label_value,
+    parse_pod,
+    pod_gpu_count,
+)
 from flexlease.api.tiers import Tier
 from flexlease.errors import PodSpecError, RequestError
 from tests.flexlease.pods import make_pod
@@ -45,6 +52,30 @@ def test_labels_and_annotations_are_read() -> None:
     assert req.checkpoint == "ckpt-42"
     assert req.assignment == Assignment("gpu-7", (0, 3))
     assert req.node_name == "gpu-7"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "other-ns/ranker",  # names another namespace's job: would claim its tagged GPUs
+        "recsys/ranker",  # '/' is no label value, even with the pod's own namespace
+        "-ranker",
+        "ranker_",
+        "r" * 64,
+        "ränker",
+    ],
+)
+def test_owner_label_must_be_a_label_value_naming_a_job_in_the_pods_namespace(value: str) -> None:
+    pod = make_pod(gpus=1, labels={keys.LABEL_PRIORITY: "high", keys.LABEL_OWNER: value})
+    with pytest.raises(PodSpecError, match="flexlease.io/owner"):
+        parse_pod(pod)
+
+
+def test_owner_label_value_round_trips_the_job_identity() -> None:
+    assert owner_label_value("recsys/ranker") == "ranker"
+    assert owner_label_value("ranker") == "ranker"
+    assert owner_from_label(owner_label_value("recsys/ranker.v2"), "recsys") == "recsys/ranker.v2"
+    assert owner_from_label("r" * 63, "ns") == "ns/" + "r" * 63
 
 
 def test_pod_without_gpus_counts_zero() -> None:

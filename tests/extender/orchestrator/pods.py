@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flexlease.api import keys
+from flexlease.api.pod import owner_label_value
 
 OWNER = "team-a/job"
 NS = "team-a"
@@ -22,7 +23,7 @@ def pod(
     framework: str | None = None,
 ) -> dict[str, Any]:
     """A pod of ``role`` in the test job; ``running``: its container has started (and an id)."""
-    labels = {keys.LABEL_OWNER: owner, keys.LABEL_ROLE: role}
+    labels = {keys.LABEL_OWNER: owner_label_value(owner), keys.LABEL_ROLE: role}
     if framework:
         labels[keys.LABEL_FRAMEWORK] = framework
     container: dict[str, Any] = {"name": "main", "image": "trainer:v1"}

@@ -110,3 +110,15 @@ def test_a_container_missing_from_the_pod_fails_the_rollout() -> None:
     assert (
         out.status.last_error == "pod s-0: container 'sidecar' is not in the pod; adding one needs recreation"
     )
+
+
+def test_pod_owner_reads_the_label_as_a_job_in_the_pods_namespace() -> None:
+    from extender.rollout.controller import pod_owner
+
+    def pod(labels: dict[str, str]) -> dict[str, object]:
+        return {"metadata": {"name": "p", "namespace": "team", "labels": labels}}
+
+    assert pod_owner(pod({keys.LABEL_OWNER: "job"})) == "team/job"
+    # a hand-made label naming another namespace's job is not trusted: the pod is nobody's job
+    assert pod_owner(pod({keys.LABEL_OWNER: "other/job"})) is None
+    assert pod_owner(pod({})) is None
