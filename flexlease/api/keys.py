@@ -20,7 +20,8 @@ PREFIX: Final = f"{GROUP}/"
 LABEL_PRIORITY: Final = PREFIX + "priority"
 """``high`` or ``low`` (default ``low``): the paper's HP/LP classes (§3.5)."""
 LABEL_OWNER: Final = PREFIX + "owner"
-"""Job identity ``<ns>/<job>`` for MATCH(Pod, Owner); default: the pod's controller owner."""
+"""Job name ``<job>`` (a label value; the pod's namespace completes the identity ``<ns>/<job>``
+for MATCH(Pod, Owner)); default: the pod's controller owner."""
 
 LABEL_ROLE: Final = PREFIX + "role"
 """The pod's role in its job's framework profile (``coordinator``, ``worker``, ``head``...):
