@@ -67,7 +67,7 @@ def test_labels_and_annotations_are_read() -> None:
 )
 def test_owner_label_must_be_a_label_value_naming_a_job_in_the_pods_namespace(value: str) -> None:
     pod = make_pod(gpus=1, labels={keys.LABEL_PRIORITY: "high", keys.LABEL_OWNER: value})
-    with pytest.raises(PodSpecError, match="flexlease.io/owner"):
+    with pytest.raises(PodSpecError, match=r"flexlease\.io/owner"):
         parse_pod(pod)
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from extender.orchestrator import profile
 from extender.rollout import plan as rollout
+from extender.rollout.controller import pod_owner
 from extender.rollout.order import OrdinalOrder, ProfileOrder, role_waves
 from flexlease.api import keys
 
@@ -113,8 +114,6 @@ def test_a_container_missing_from_the_pod_fails_the_rollout() -> None:
 
 
 def test_pod_owner_reads_the_label_as_a_job_in_the_pods_namespace() -> None:
-    from extender.rollout.controller import pod_owner
-
     def pod(labels: dict[str, str]) -> dict[str, object]:
         return {"metadata": {"name": "p", "namespace": "team", "labels": labels}}
 
