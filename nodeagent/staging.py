@@ -44,6 +44,7 @@ from flexlease.logging import ctx
 from flexlease.store.base import JsonObj, Kind, Store
 from flexlease.store.kube_util import EventRecorder
 from flexlease.streaming.broker import Broker, Origin, StreamState
+from flexlease.streaming.cancel import raise_if_cancelling
 from flexlease.streaming.config import StagingLimits, StreamBinding, parse_binding, staging_limits
 
 log = logging.getLogger(__name__)
@@ -135,16 +136,6 @@ class Staging:
         """The restart finished: from now the job catches up on what was staged."""
         if self.restarted_at is None:
             self.restarted_at = time.monotonic()
-
-
-def _raise_if_cancelling() -> None:
-    """Raise ``CancelledError`` when this task has been asked to cancel. nats-py swallows a
-    cancellation that lands while it flushes (``except asyncio.CancelledError: pass`` in
-    ``Client._flush_pending`` and ``drain``), so a loop of broker calls must look for itself,
-    or it outlives its cancel (up to ``max_hold_seconds``)."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 class Stager:
@@ -249,7 +240,7 @@ class Stager:
             while time.monotonic() - s.began < self._max_hold:
                 if await self._check(s):
                     break
-                _raise_if_cancelling()
+                raise_if_cancelling()
                 await asyncio.sleep(self._poll)
             else:
                 log.warning("staging held too long; dropped", extra=ctx(pod=s.pod, node=self.node))

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from flexlease import errors
 from flexlease.logging import ctx
 from flexlease.streaming.broker import Broker, Origin, Reader, Record, StreamState
+from flexlease.streaming.cancel import raise_if_cancelling
 from flexlease.streaming.config import StreamBinding
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,7 @@ class TrainingSource:
             self.origin = origin
             reader: Reader = await self._broker.open_reader(stream, start_seq=pos.next_seq)
             try:
+                raise_if_cancelling()  # the broker client may have swallowed it (flexlease.streaming.cancel)
                 async for batch in self._read(reader, origin, pos):
                     yield batch
             finally:
@@ -179,6 +181,7 @@ class TrainingSource:
         let :meth:`batches` choose again (staging drained, or a jump in sequence)."""
         while True:
             records = await reader.fetch(self._batch_size, wait_seconds=self._poll)
+            raise_if_cancelling()
             if not records:
                 if origin is Origin.STAGING:
                     return  # drained what is staged: the next record may be live by now
