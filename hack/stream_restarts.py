@@ -5,26 +5,38 @@ streaming-data staging (WeFlex §3.3, Fig. 4 and the input-rate figure of §4.5)
 For each mode it starts a real ``nats-server -js`` (its own store), a live stream whose buffer
 holds ``--buffer-seconds`` of input (discard old, as the input queue of Fig. 4), a producer
 process publishing numbered records at ``--rate`` records/s (``Nats-Msg-Id`` = number) for
-``--seconds``, and the trainer (``hack/stream_trainer.py``) as a real process. ``--restarts``
-times, evenly spread, the trainer is restarted: SIGTERM (it finishes its step, checkpoints,
-commits), ``--down`` seconds down (the restart: process start, model load), a fresh process.
-With staging, the agent's :class:`nodeagent.staging.Stager` is called as the hot-restart
-controller calls it — ``begin`` before the stop, ``restarted`` once the new trainer runs —
-with W from formulas 1–3 (image and checkpoint cached) plus ``--margin``.
+``--seconds``, and the trainer (``hack/stream_trainer.py``: consume, checkpoint, commit).
+``--restarts`` times, evenly spread, the trainer is restarted; each new trainer spends
+``--down`` seconds loading its model before it reads again.
+
+``--runtime containerd`` (root): the trainer is a container on the containerd testbed
+(``hack/containerd-testbed.sh``; started here unless ``--cri-endpoint`` names a running one),
+restarted by the node agent's own hot-restart path — a ``flexlease.io/hot-restart`` request
+on its pod, reconciled by :class:`nodeagent.hotrestart.controller.HotRestartController`
+(``direct`` strategy: the replacement is created and started in the same sandbox, images
+alternating between ``--images``), with staging through the agent's hook
+(:class:`nodeagent.hotrestart.component.RuntimeStaging`: W from formulas 1–3 with the node's
+caches, plus ``--margin``). The container runs the host's Python: the image is the testbed's
+busybox trainer, and the interpreter, its libraries, site-packages and this repository are
+read-only volumes; it uses the node's network (``hostNetwork``) to reach nats-server on
+127.0.0.1. ``--runtime process``: the trainer is a process, stopped with SIGTERM and started
+again, and the Stager is called as the hot-restart controller calls it (``begin`` before the
+stop, ``restarted`` once the new process runs).
 
 At the end it prints both runs side by side: records produced, taken once, lost, taken
-twice, and the catch-up time after each restart (until the trainer's committed offset reached
-the live stream's head at the restart's end), and draws the records consumed per second over
-time with the restarts shaded (``--plot``; matplotlib).
+twice, and the catch-up time after each restart (from the moment the new trainer reads until
+its committed offset reached the live stream's head at that moment), and draws the records
+consumed per second over time with the restarts shaded (``--plot``; matplotlib).
 
-    python hack/stream_restarts.py [--rate 20000] [--seconds 40] [--restarts 3] [--down 3] \\
-        [--buffer-seconds 1] [--margin 5] [--plot docs/img/staging-restarts.png]
+    python hack/stream_restarts.py [--runtime process|containerd] [--rate 20000] [--seconds 40] \\
+        [--restarts 3] [--down 3] [--buffer-seconds 1] [--margin 5] [--plot docs/img/staging-restarts.png]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -35,23 +47,38 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from matplotlib.figure import Figure
 from prometheus_client import CollectorRegistry
 
-from flexlease.store.base import Kind
+import flexlease.logging
+from flexlease.api import keys
+from flexlease.config import AgentSettings
+from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
 from flexlease.streaming.config import StreamBinding
 from flexlease.streaming.jetstream import JetStreamBroker, ensure_live_stream, publish
+from nodeagent.cache.component import NodeRuntime
+from nodeagent.cri import podspec
+from nodeagent.cri.client import ContainerState
+from nodeagent.hotrestart.component import RuntimeStaging
+from nodeagent.hotrestart.controller import HotRestartController, HotRestartMetrics
+from nodeagent.hotrestart.model import Phase, Strategy, parse_status
+from nodeagent.hotrestart.restarter import HotRestarter
 from nodeagent.prelaunch import PrelaunchInputs, prelaunch_window
-from nodeagent.staging import Stager, StagingMetrics
+from nodeagent.staging import Stager, Staging, StagingMetrics
 
 SELF = Path(__file__).resolve()
 REPO = SELF.parents[1]
+TESTBED = REPO / "hack" / "containerd-testbed.sh"
 BINDING = StreamBinding("LIVE", "live.job", "job-1")
+NODE = "node-1"
+POD_NS, POD_NAME = "ml", "trainer-0"
 MIB = 1 << 20
 
 
@@ -69,6 +96,17 @@ class Run:
     overflows: float = 0.0
     timeline: list[tuple[float, int]] = field(default_factory=list)
     t0: float = 0.0
+
+
+@dataclass(frozen=True)
+class Testbed:
+    """A running containerd testbed (``hack/containerd-testbed.sh`` output): the CRI
+    endpoint, the pod log root, the cgroup parent and two trainer images."""
+
+    endpoint: str
+    log_root: Path
+    cgroup_parent: str
+    images: tuple[str, str]
 
 
 def free_port() -> int:
@@ -96,19 +134,214 @@ def start_nats(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit(f"nats-server did not start: {(directory / 'nats.log').read_text()[-2000:]}")
 
 
-def start_trainer(url: str, state: Path) -> subprocess.Popen[bytes]:
-    (state / "started").unlink(missing_ok=True)
-    cmd = [sys.executable, str(REPO / "hack" / "stream_trainer.py"), "--url", url, "--stream", BINDING.stream]
-    cmd += ["--subject", BINDING.subject, "--durable", BINDING.durable, "--state", str(state)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen(cmd, env=env, cwd=REPO)
+def trainer_args(url: str, state: Path, *, load_seconds: float) -> list[str]:
+    """hack/stream_trainer.py's command line (after the interpreter)."""
+    return [
+        str(REPO / "hack" / "stream_trainer.py"),
+        *("--url", url, "--stream", BINDING.stream, "--subject", BINDING.subject),
+        *("--durable", BINDING.durable, "--state", str(state), "--load-seconds", str(load_seconds)),
+    ]
 
 
-async def wait_started(state: Path, proc: subprocess.Popen[bytes]) -> None:
-    while not (state / "started").exists():
-        if proc.poll() is not None:
-            raise SystemExit(f"trainer exited with {proc.returncode}")
+def started_at(state: Path) -> float:
+    """When the current trainer started reading (its ``started`` file); 0 before."""
+    try:
+        return float(json.loads((state / "started").read_text()))
+    except (OSError, ValueError):
+        return 0.0
+
+
+async def wait_started(state: Path, *, after: float, alive: Callable[[], bool], limit: float = 120) -> float:
+    """Wait until a trainer started reading after ``after`` (unix time); returns that time.
+    Raises ``SystemExit`` when ``alive()`` turns false or after ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while (t := started_at(state)) <= after:
+        if not alive() or time.monotonic() > deadline:
+            raise SystemExit(f"the trainer did not start reading (state {state})")
         await asyncio.sleep(0.02)
+    return t
+
+
+class Trainer(Protocol):
+    """The trainer under test, however it runs."""
+
+    async def start(self) -> None: ...
+
+    async def restart(self, image_index: int) -> tuple[float, float, Staging | None]:
+        """Restart it; returns (unix time the restart began, unix time the new trainer reads,
+        the staging begun for it or None)."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+class ProcessTrainer:
+    """The trainer as a process; restarts call the Stager as the hot-restart controller does."""
+
+    def __init__(
+        self, url: str, state: Path, stager: Stager | None, pod: JsonObj, *, window: float, down: float
+    ) -> None:
+        self.url, self.state, self.stager, self.pod = url, state, stager, pod
+        self.window, self.down = window, down
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        args = trainer_args(self.url, self.state, load_seconds=self.down)
+        return subprocess.Popen([sys.executable, *args], env=env, cwd=REPO)
+
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    async def start(self) -> None:
+        self.proc = self._spawn()
+        await wait_started(self.state, after=0.0, alive=self._alive)
+
+    async def restart(self, image_index: int) -> tuple[float, float, Staging | None]:
+        assert self.proc is not None
+        began = time.time()
+        staging = await self.stager.begin(self.pod, window_seconds=self.window) if self.stager else None
+        self.proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(self.proc.wait)
+        self.proc = self._spawn()
+        if staging is not None:
+            staging.restarted()
+        ended = await wait_started(self.state, after=began, alive=self._alive)
+        return began, ended, staging
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.proc.wait), 30)
+            except TimeoutError:
+                self.proc.kill()
+        self.proc = None
+
+
+def host_python_mounts() -> tuple[podspec.HostMount, ...]:
+    """Read-only volumes that let a container without Python run this interpreter at the same
+    paths: ``/usr``, ``/lib``, ``/lib64`` (the C library and shared libraries; a merged-/usr
+    symlink is mounted as its target), the interpreter's prefixes, any ``sys.path`` directory
+    outside them, and this repository."""
+    mounts: dict[str, Path] = {}
+    for path in ("/usr", "/lib", "/lib64"):
+        if os.path.isdir(path):
+            mounts[path] = Path(os.path.realpath(path))
+    covered = [*mounts]
+    for path in (sys.base_prefix, sys.prefix, *sys.path, str(REPO)):
+        real = os.path.realpath(path) if path else ""
+        if real and os.path.isdir(real) and not any(real == c or real.startswith(c + "/") for c in covered):
+            mounts[real] = Path(real)
+            covered.append(real)
+    return tuple(podspec.HostMount(host, target, readonly=True) for target, host in sorted(mounts.items()))
+
+
+class ContainerTrainer:
+    """The trainer as a container in a sandbox on the containerd testbed, restarted through
+    the node agent's hot-restart controller (``direct`` strategy) and, with ``stager``, its
+    staging hook."""
+
+    def __init__(
+        self,
+        testbed: Testbed,
+        store: MemoryStore,
+        stager: Stager | None,
+        *,
+        url: str,
+        state: Path,
+        work: Path,
+        down: float,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.testbed, self.store, self.stager = testbed, store, stager
+        self.url, self.state, self.down = url, state, down
+        settings = AgentSettings(node_name=NODE, cri_endpoint=testbed.endpoint, checkpoint_dir=work / "ckpt")
+        self.runtime = NodeRuntime(settings, registry)
+        self.sandbox_id: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.registry = registry
+
+    async def start(self) -> None:
+        self.runtime.cri.open()
+        await self.runtime.cri.probe()
+        await self.runtime.checkpoints.open()
+        pod = await self.store.get(Kind.POD, POD_NAME, namespace=POD_NS)
+        ref = podspec.PodRef(POD_NS, POD_NAME, pod["metadata"]["uid"])
+        sandbox = podspec.sandbox_config(
+            ref, self.testbed.log_root, cgroup_parent=self.testbed.cgroup_parent, host_network=True
+        )
+        self.sandbox_id = await self.runtime.cri.run_pod_sandbox(sandbox)
+        spec = podspec.ContainerSpec(
+            name="trainer",
+            image=self.testbed.images[0],
+            command=(sys.executable, *trainer_args(self.url, Path("/state"), load_seconds=self.down)),
+            env={
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "PYTHONPATH": str(REPO),
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONUNBUFFERED": "1",
+            },
+            mounts=(*host_python_mounts(), podspec.HostMount(self.state, "/state")),
+        )
+        config = podspec.container_config(ref, spec, host_network=True)
+        cid = await self.runtime.cri.create_container(self.sandbox_id, config, sandbox)
+        await self.runtime.cri.start_container(cid)
+        restarter = HotRestarter(
+            self.runtime.cri,
+            self.runtime.images,
+            checkpoints=self.runtime.checkpoints,
+            stop_timeout_seconds=30,
+        )
+        controller = HotRestartController(
+            self.store,
+            self.runtime.cri,
+            restarter,
+            node=NODE,
+            default_strategy=Strategy.DIRECT,
+            metrics=HotRestartMetrics(self.registry),
+            staging=RuntimeStaging(self.stager, self.runtime) if self.stager is not None else None,
+        )
+        self._task = asyncio.create_task(controller.run(), name="hotrestart-controller")
+        await asyncio.wait_for(controller.listed.wait(), 30)
+        await wait_started(self.state, after=0.0, alive=self._alive)
+
+    def _alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def restart(self, image_index: int) -> tuple[float, float, Staging | None]:
+        began = time.time()
+        request_id = uuid.uuid4().hex[:8]
+        image = self.testbed.images[image_index % len(self.testbed.images)]
+        request = json.dumps({"id": request_id, "container": "trainer", "image": image})
+        patch = {"metadata": {"annotations": {keys.ANN_HOT_RESTART: request}}}
+        await self.store.patch(Kind.POD, POD_NAME, patch, namespace=POD_NS)
+        while True:
+            pod = await self.store.get(Kind.POD, POD_NAME, namespace=POD_NS)
+            status = parse_status(pod["metadata"]["annotations"].get(keys.ANN_HOT_RESTART_STATUS))
+            if status is not None and status.id == request_id and status.phase.final:
+                break
+            if not self._alive():
+                raise SystemExit("the hot-restart controller stopped")
+            await asyncio.sleep(0.05)
+        if status.phase is not Phase.SUCCEEDED:
+            raise SystemExit(f"hot restart failed: {status.message}")
+        ended = await wait_started(self.state, after=began, alive=self._alive)
+        staging = self.stager.stagings.get(f"{POD_NS}/{POD_NAME}") if self.stager is not None else None
+        return began, ended, staging
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.sandbox_id is not None:
+            for c in await self.runtime.cri.list_containers(sandbox_id=self.sandbox_id):
+                if c.state is ContainerState.RUNNING:
+                    await self.runtime.cri.stop_container(c.id, timeout_seconds=30)
+            await self.runtime.cri.stop_pod_sandbox(self.sandbox_id)
+            await self.runtime.cri.remove_pod_sandbox(self.sandbox_id)
+            self.sandbox_id = None
+        await self.runtime.cri.close()
 
 
 async def produce(url: str, rate: int, seconds: float) -> int:
@@ -144,7 +377,24 @@ async def committed_reaches(broker: JetStreamBroker, target: int, *, limit: floa
     return None
 
 
-async def one_run(mode: str, args: argparse.Namespace, work: Path) -> Run:
+def restart_window() -> float:
+    """W for the process mode's restarts (formulas 1–3): image prelaunched and checkpoint
+    cached (η = 1), so W = S_ckpt / B_gpu for a 256 MiB checkpoint."""
+    return prelaunch_window(
+        PrelaunchInputs(
+            image_bytes=256 * MIB,
+            checkpoint_bytes=256 * MIB,
+            net_bps=1.25e9,
+            registry_bps=1.25e9,
+            storage_bps=1.25e9,
+            gpu_bps=25e9,
+            image_hit_ratio=1.0,
+            checkpoint_hit_ratio=1.0,
+        )
+    ).window_seconds
+
+
+async def one_run(mode: str, args: argparse.Namespace, work: Path, testbed: Testbed | None) -> Run:
     run = Run(mode)
     directory = work / mode
     directory.mkdir()
@@ -153,44 +403,48 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path) -> Run:
     nats, url = start_nats(directory)
     store = MemoryStore()
     registry = CollectorRegistry()
-    trainer: subprocess.Popen[bytes] | None = None
+    trainer: Trainer | None = None
     try:
         async with JetStreamBroker(url) as broker:
             buffer = int(args.rate * args.buffer_seconds)
             await ensure_live_stream(broker, BINDING.stream, subjects=[BINDING.subject], max_msgs=buffer)
             annotations = {
-                "flexlease.io/stream": BINDING.stream,
-                "flexlease.io/stream-subject": BINDING.subject,
-                "flexlease.io/stream-durable": BINDING.durable,
-                "flexlease.io/staging-margin-seconds": str(args.margin),
+                keys.ANN_STREAM: BINDING.stream,
+                keys.ANN_STREAM_SUBJECT: BINDING.subject,
+                keys.ANN_STREAM_DURABLE: BINDING.durable,
+                keys.ANN_STAGING_MARGIN: str(args.margin),
             }
+            image = testbed.images[0] if testbed is not None else "trainer"
             pod = await store.create(
                 Kind.POD,
                 {
                     "apiVersion": "v1",
                     "kind": "Pod",
-                    "metadata": {"name": "trainer-0", "namespace": "ml", "annotations": annotations},
+                    "metadata": {"name": POD_NAME, "namespace": POD_NS, "annotations": annotations},
+                    "spec": {"nodeName": NODE, "containers": [{"name": "trainer", "image": image}]},
                 },
             )
-            stager = Stager(broker, store, StagingMetrics(registry, node="node-1"), node="node-1")
-            # hot restart: image prelaunched and checkpoint cached (η = 1): W = S_ckpt / B_gpu
-            window = prelaunch_window(
-                PrelaunchInputs(
-                    image_bytes=256 * MIB,
-                    checkpoint_bytes=256 * MIB,
-                    net_bps=1.25e9,
-                    registry_bps=1.25e9,
-                    storage_bps=1.25e9,
-                    gpu_bps=25e9,
-                    image_hit_ratio=1.0,
-                    checkpoint_hit_ratio=1.0,
+            stager = (
+                Stager(broker, store, StagingMetrics(registry, node=NODE), node=NODE)
+                if mode == "staging"
+                else None
+            )
+            if testbed is None:
+                trainer = ProcessTrainer(url, state, stager, pod, window=restart_window(), down=args.down)
+            else:
+                trainer = ContainerTrainer(
+                    testbed,
+                    store,
+                    stager,
+                    url=url,
+                    state=state,
+                    work=directory,
+                    down=args.down,
+                    registry=registry,
                 )
-            ).window_seconds
             async with asyncio.TaskGroup() as tg:
-                stager_task = tg.create_task(stager.run(), name="stager") if mode == "staging" else None
-                trainer = start_trainer(url, state)
-                await wait_started(state, trainer)
-                run.t0 = time.time()
+                stager_task = tg.create_task(stager.run(), name="stager") if stager is not None else None
+                await trainer.start()
                 env = {
                     **os.environ,
                     "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -199,29 +453,18 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path) -> Run:
                     sys.executable,
                     str(SELF),
                     "produce",
-                    "--url",
-                    url,
-                    "--rate",
-                    str(args.rate),
-                    "--seconds",
-                    str(args.seconds),
+                    *("--url", url, "--rate", str(args.rate), "--seconds", str(args.seconds)),
                     stdout=asyncio.subprocess.PIPE,
                     env=env,
                     cwd=REPO,
                 )
+                while (await broker.stream_state(BINDING.stream)).last_seq == 0:  # the producer started
+                    await asyncio.sleep(0.01)
+                run.t0 = time.time()
                 for i in range(args.restarts):
                     at = args.seconds * (i + 1) / (args.restarts + 1)
                     await asyncio.sleep(max(0.0, run.t0 + at - time.time()))
-                    began = time.time()
-                    staging = await stager.begin(pod, window_seconds=window) if mode == "staging" else None
-                    trainer.send_signal(signal.SIGTERM)
-                    await asyncio.to_thread(trainer.wait)
-                    await asyncio.sleep(args.down)
-                    trainer = start_trainer(url, state)
-                    await wait_started(state, trainer)
-                    if staging is not None:
-                        staging.restarted()
-                    ended = time.time()
+                    began, ended, staging = await trainer.restart(i + 1)
                     run.restarts.append((began - run.t0, ended - run.t0))
                     print(f"{mode}: restart {i + 1} down {ended - began:.2f}s", file=sys.stderr, flush=True)
                     head = (await broker.stream_state(BINDING.stream)).last_seq
@@ -241,25 +484,47 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path) -> Run:
                         break
                     last = ck["expect"]
                     await asyncio.sleep(3.0)
-                trainer.send_signal(signal.SIGTERM)
-                await asyncio.to_thread(trainer.wait)
+                await trainer.stop()
                 trainer = None
                 if stager_task is not None:
                     stager_task.cancel()
     finally:
-        if trainer is not None and trainer.poll() is None:
-            trainer.kill()
+        if trainer is not None:
+            await trainer.stop()
         await store.close()
         nats.terminate()
         nats.wait()
     ck = json.loads((state / "checkpoint.json").read_text())
     run.taken, run.dup, run.gaps = ck["taken"], ck["dup"], ck["gaps"]
     run.lost = run.produced - run.taken
-    run.overflows = registry.get_sample_value("flexlease_staging_overflows_total", {"node": "node-1"}) or 0.0
+    run.overflows = registry.get_sample_value("flexlease_staging_overflows_total", {"node": NODE}) or 0.0
     for line in (state / "timeline.txt").read_text().splitlines():
         t, n = line.split()
         run.timeline.append((float(t) - run.t0, int(n)))
     return run
+
+
+@contextlib.asynccontextmanager
+async def own_testbed() -> AsyncIterator[Testbed]:
+    """Start a containerd testbed for this run and stop it after."""
+    directory = Path(tempfile.mkdtemp(prefix="flexlease-testbed-stream-", dir="/tmp"))
+    proc = await asyncio.to_thread(
+        subprocess.run, [str(TESTBED), "start", str(directory)], capture_output=True, text=True, check=False
+    )
+    try:
+        if proc.returncode != 0:
+            raise SystemExit(f"the containerd testbed did not start:\n{proc.stderr[-3000:]}")
+        env = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+        yield Testbed(
+            endpoint=env["FLEXLEASE_CRI_ENDPOINT"],
+            log_root=directory / "pod-logs",
+            cgroup_parent=env["FLEXLEASE_TESTBED_CGROUP_PARENT"],
+            images=(env["FLEXLEASE_TESTBED_TRAINER_V1"], env["FLEXLEASE_TESTBED_TRAINER_V2"]),
+        )
+    finally:
+        await asyncio.to_thread(
+            subprocess.run, [str(TESTBED), "stop", str(directory)], capture_output=True, check=False
+        )
 
 
 def table(runs: list[Run]) -> str:
@@ -307,24 +572,43 @@ def plot(runs: list[Run], path: Path, rate: int) -> None:
     fig.savefig(path, dpi=110)
 
 
-async def main_async(args: argparse.Namespace) -> int:
+async def runs(args: argparse.Namespace, testbed: Testbed | None) -> list[Run]:
     work = Path(tempfile.mkdtemp(prefix="flexlease-stream-"))
-    runs = []
+    out = []
     try:
         for mode in ("staging", "no staging"):
-            runs.append(await one_run(mode.replace(" ", "-"), args, work))
+            out.append(await one_run(mode.replace(" ", "-"), args, work, testbed))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    load = os.getloadavg()
+    if args.runtime == "process":
+        done = await runs(args, None)
+    elif args.cri_endpoint:
+        images = tuple(args.images.split(","))
+        if len(images) != 2 or args.log_root is None:
+            raise SystemExit("--cri-endpoint needs --images A,B and --log-root (and --cgroup-parent)")
+        testbed = Testbed(args.cri_endpoint, args.log_root, args.cgroup_parent, (images[0], images[1]))
+        done = await runs(args, testbed)
+    else:
+        async with own_testbed() as testbed:
+            done = await runs(args, testbed)
+    trainer = "a container (containerd, hot restart: direct)" if args.runtime == "containerd" else "a process"
     print(
-        f"{args.rate:,} records/s for {args.seconds:g} s, {args.restarts} restarts of {args.down:g} s"
-        f" + process start, live buffer {args.buffer_seconds:g} s of input, margin {args.margin:g} s; "
-        f"{platform.machine()}, {os.cpu_count()} cores"
+        f"{args.rate:,} records/s for {args.seconds:g} s, {args.restarts} restarts"
+        f" (model load {args.down:g} s), trainer as {trainer},"
+        f" live buffer {args.buffer_seconds:g} s of input, margin {args.margin:g} s; "
+        f"{platform.machine()}, {os.cpu_count()} cores, load average before {load[0]:.2f}"
+        f" after {os.getloadavg()[0]:.2f}"
     )
-    print(table(runs))
+    print(table(done))
     if args.plot:
-        plot(runs, args.plot, args.rate)
+        plot(done, args.plot, args.rate)
         print(f"plot: {args.plot}")
-    return 0 if runs[0].lost == 0 and runs[0].dup == 0 else 1
+    return 0 if done[0].lost == 0 and done[0].dup == 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,11 +623,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=20_000, help="records/s")
     p.add_argument("--seconds", type=float, default=40.0)
     p.add_argument("--restarts", type=int, default=3)
-    p.add_argument("--down", type=float, default=3.0, help="seconds the trainer is down per restart")
+    p.add_argument("--down", type=float, default=3.0, help="seconds a new trainer loads its model")
+    p.add_argument("--runtime", choices=("process", "containerd"), default="process")
+    p.add_argument("--cri-endpoint", default=None, help="a running testbed's CRI socket (containerd)")
+    p.add_argument("--images", default="", help="two trainer images of that testbed, A,B")
+    p.add_argument("--log-root", type=Path, default=None, help="that testbed's pod log directory")
+    p.add_argument("--cgroup-parent", default="", help="that testbed's cgroup parent")
     p.add_argument("--buffer-seconds", type=float, default=1.0, help="live buffer, seconds of input")
     p.add_argument("--margin", type=float, default=5.0, help="staging margin, seconds")
     p.add_argument("--plot", type=Path, default=None)
-    return asyncio.run(main_async(p.parse_args(argv)))
+    p.add_argument("--log-level", default="WARNING", help="the agent parts' log level (stderr)")
+    args = p.parse_args(argv)
+    flexlease.logging.setup(args.log_level, "text")
+    return asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ offset, the next number it expects, records taken, records lost (a jump forward)
 seen twice (a number below the expected one) — is its checkpoint: written atomically (temp file
 + rename) after each step and before the offset is committed, and read back at start
 (``start_after`` = the checkpoint's offset). SIGTERM ends it after the current step, as a
-container stop does (or after 1 s when it is waiting for records). Every ``--tick`` seconds
-it appends ``<unix time> <records>`` to ``timeline.txt`` (records consumed in that tick).
+container stop does (or after 1 s when it is waiting for records). It first sleeps
+``--load-seconds`` (loading the model), then writes the time it starts reading to ``started``.
+Every ``--tick`` seconds it appends ``<unix time> <records>`` to ``timeline.txt`` (records
+consumed in that tick). It runs as a process or, in hack/stream_restarts.py's containerd mode,
+as a container (the state directory a volume).
 
     python hack/stream_trainer.py --url nats://127.0.0.1:4222 --stream LIVE --subject live.job \\
         --durable job-1 --state DIR
@@ -39,7 +42,7 @@ def load(path: Path) -> dict[str, Any]:
     return {"offset": None, "expect": 1, "taken": 0, "lost": 0, "dup": 0, "gaps": 0}
 
 
-def save(path: Path, state: dict[str, Any]) -> None:
+def save(path: Path, state: object) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, path)
@@ -64,13 +67,14 @@ async def train(args: argparse.Namespace) -> int:
     def on_gap(gap: Gap) -> None:
         state["gaps"] += 1
 
+    await asyncio.sleep(args.load_seconds)  # loading the model
     tick_start, tick_records = time.time(), 0
     with (args.state / "timeline.txt").open("a") as timeline:
         async with JetStreamBroker(args.url) as broker:
             source = TrainingSource(
                 broker, binding, batch_size=args.batch, start_after=state["offset"], on_gap=on_gap
             )
-            (args.state / "started").write_text(str(time.time()))
+            save(args.state / "started", time.time())
             async with aclosing(source.batches()) as batches:
                 async for batch in batches:
                     for r in batch.records:  # the "training step"
@@ -107,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state", type=Path, required=True, help="directory: checkpoint.json, timeline.txt")
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--tick", type=float, default=0.25)
+    p.add_argument("--load-seconds", type=float, default=0.0, help="model load before the first read")
     args = p.parse_args(argv)
     args.state.mkdir(parents=True, exist_ok=True)
     try:

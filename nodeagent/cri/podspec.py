@@ -71,11 +71,13 @@ def sandbox_config(
     annotations: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
     no_kubelet: bool = True,
+    host_network: bool = False,
 ) -> api_pb2.PodSandboxConfig:
     """A ``PodSandboxConfig`` for ``pod``: kubelet's ``io.kubernetes.pod.*`` labels (plus
     ``labels``, as kubelet copies the pod's labels), ``flexlease.io/no-kubelet=true`` unless
     ``no_kubelet`` is False, log directory ``<log_root>/<ns>_<name>_<uid>``, pod network/IPC
-    namespaces, hostname = pod name."""
+    namespaces (the node's network with ``host_network``, as ``hostNetwork: true``: no CNI,
+    and the node's hostname), hostname = pod name."""
     all_labels = {**(labels or {}), **pod.labels}
     if no_kubelet:
         all_labels[keys.LABEL_NO_KUBELET] = "true"
@@ -83,7 +85,7 @@ def sandbox_config(
         metadata=api_pb2.PodSandboxMetadata(
             name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=attempt
         ),
-        hostname=pod.name,
+        hostname="" if host_network else pod.name,  # runc sets no hostname in the node's UTS namespace
         log_directory=str(log_root / f"{pod.namespace}_{pod.name}_{pod.uid}"),
         labels=all_labels,
         annotations=dict(annotations or {}),
@@ -91,16 +93,21 @@ def sandbox_config(
             cgroup_parent=cgroup_parent,
             security_context=api_pb2.LinuxSandboxSecurityContext(
                 namespace_options=api_pb2.NamespaceOption(
-                    network=api_pb2.POD, pid=api_pb2.CONTAINER, ipc=api_pb2.POD
+                    network=api_pb2.NODE if host_network else api_pb2.POD,
+                    pid=api_pb2.CONTAINER,
+                    ipc=api_pb2.POD,
                 ),
             ),
         ),
     )
 
 
-def container_config(pod: PodRef, spec: ContainerSpec, *, attempt: int = 0) -> api_pb2.ContainerConfig:
+def container_config(
+    pod: PodRef, spec: ContainerSpec, *, attempt: int = 0, host_network: bool = False
+) -> api_pb2.ContainerConfig:
     """A ``ContainerConfig`` for ``spec`` in ``pod``: kubelet labels, log path
-    ``<name>/<attempt>.log``, pod network/IPC, private PID namespace."""
+    ``<name>/<attempt>.log``, pod network/IPC (the node's network with ``host_network``,
+    matching the sandbox), private PID namespace."""
     return api_pb2.ContainerConfig(
         metadata=api_pb2.ContainerMetadata(name=spec.name, attempt=attempt),
         image=api_pb2.ImageSpec(image=spec.image),
@@ -116,7 +123,9 @@ def container_config(pod: PodRef, spec: ContainerSpec, *, attempt: int = 0) -> a
         linux=api_pb2.LinuxContainerConfig(
             security_context=api_pb2.LinuxContainerSecurityContext(
                 namespace_options=api_pb2.NamespaceOption(
-                    network=api_pb2.POD, pid=api_pb2.CONTAINER, ipc=api_pb2.POD
+                    network=api_pb2.NODE if host_network else api_pb2.POD,
+                    pid=api_pb2.CONTAINER,
+                    ipc=api_pb2.POD,
                 ),
             ),
         ),

@@ -1,6 +1,7 @@
-"""hack/stream_restarts.py, small: a real nats-server, a producer and a trainer process
-restarted once for longer than the live buffer holds — with staging nothing is lost or taken
-twice, without it records are lost and reported to the job as gaps."""
+"""hack/stream_restarts.py, small, with the trainer as a container on the real containerd
+testbed: hot-restarted twice mid-stream by the node agent's hot-restart controller (``direct``
+strategy, same sandbox) for longer than the live buffer holds — with staging nothing is lost or
+taken twice, without it records are lost and reported to the job as gaps."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+
+import pytest
+
+from tests.nodeagent.conftest import ContainerdTestbed
+
+pytestmark = pytest.mark.containerd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,27 +24,34 @@ def row(output: str, name: str) -> list[str]:
     return [cell.strip().replace(",", "") for cell in line.strip("|").split("|")[1:]]
 
 
-async def test_staging_loses_and_repeats_nothing_where_the_live_buffer_loses(tmp_path: Path) -> None:
+async def test_a_trainer_container_hot_restarted_with_staging_loses_and_repeats_nothing(
+    containerd_testbed: ContainerdTestbed, tmp_path: Path
+) -> None:
+    tb = containerd_testbed
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = ["--runtime", "containerd", "--cri-endpoint", tb.endpoint, "--log-root", str(tb.log_root)]
+    args += ["--images", f"{tb.trainer_v1},{tb.trainer_v2}", "--cgroup-parent", tb.cgroup_parent]
+    args += ["--rate", "2000", "--seconds", "6", "--restarts", "2", "--down", "1", "--buffer-seconds", "1"]
     # a wide staging margin: on a loaded 2-core VM the restart's process start alone can take
     # seconds (a 5.7 s outage overflowed a 5 s margin once); sizing is tested in test_staging
-    args = ["--rate", "2000", "--seconds", "6", "--restarts", "1", "--down", "2.5", "--buffer-seconds", "1",
-            "--margin", "60"]  # fmt: skip
+    args += ["--margin", "60"]
     proc = await asyncio.create_subprocess_exec(
         sys.executable, str(REPO / "hack" / "stream_restarts.py"), *args, "--plot", str(tmp_path / "p.png"),
-        env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
-        output = (await asyncio.wait_for(proc.communicate(), 240))[0].decode()
+        out, err = await asyncio.wait_for(proc.communicate(), 240)
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert proc.returncode == 0, output
-    produced = row(output, "records produced")
-    assert produced == ["12000", "12000"]
+    output = out.decode()
+    assert proc.returncode == 0, output + err.decode()[-3000:]
+    assert "trainer as a container (containerd, hot restart: direct)" in output
+    assert row(output, "records produced") == ["12000", "12000"]
     assert row(output, "taken exactly once")[0] == "12000"
     lost, twice = row(output, "lost"), row(output, "taken twice")
     assert lost[0] == "0" and twice == ["0", "0"]
     assert int(lost[1]) > 0 and int(row(output, "gaps reported to the job")[1]) > 0
+    assert len(row(output, "catch-up after restart (s)")[0].split()) == 2  # one per restart
     assert (tmp_path / "p.png").stat().st_size > 0
