@@ -1,6 +1,7 @@
 """Agent wiring for the containerd-side components: ``cache`` (CRI connection, image
 pre-pull, checkpoint cache, ``GPUNode.status.cache``) and ``hotrestart`` (the controller,
-with streaming-data staging around each restart when ``agent.staging_nats_url`` is set).
+with streaming-data staging around each restart when ``agent.staging_nats_url`` is set; then
+also the prelaunch for reclaim pods, :mod:`nodeagent.reclaim`, with the same staging hook).
 
 :func:`runtime_components` builds both around one shared
 :class:`~nodeagent.cache.component.NodeRuntime`; ``nodeagent.agent.components`` appends them.
@@ -22,6 +23,7 @@ from nodeagent.hotrestart.controller import HotRestartController, HotRestartMetr
 from nodeagent.hotrestart.model import Strategy
 from nodeagent.hotrestart.restarter import HotRestarter
 from nodeagent.prelaunch import Bandwidths, PrelaunchInputs, prelaunch_window
+from nodeagent.reclaim import ReclaimPrelaunch
 from nodeagent.staging import Stager, StagingMetrics
 
 if TYPE_CHECKING:
@@ -118,10 +120,13 @@ class HotRestartComponent:
                 poll_seconds=s.staging_poll_seconds,
                 max_hold_seconds=s.staging_max_hold_seconds,
             )
-            self.controller = controller(RuntimeStaging(stager, self.runtime))
+            hook = RuntimeStaging(stager, self.runtime)
+            self.controller = controller(hook)
+            reclaims = ReclaimPrelaunch(ctx.store, hook, node=ctx.node, puller=self.runtime.images)
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(stager.run(), name="staging")
                 tg.create_task(self.controller.run(), name="hotrestart-controller")
+                tg.create_task(reclaims.run(), name="reclaim-prelaunch")
 
 
 def runtime_components(ctx: AgentContext) -> list[Component]:
