@@ -13,7 +13,9 @@ these components on one shared :class:`~nodeagent.context.AgentContext`:
   device-plugin API for the GPU resource, honouring the extender's per-device assignment;
 - ``cache`` and ``hotrestart`` (:mod:`nodeagent.cache`, :mod:`nodeagent.hotrestart`, over CRI
   through :mod:`nodeagent.cri`): image pre-pull, the checkpoint cache, and hot restarts
-  (``direct`` in flexlease's own sandboxes, ``kubelet`` everywhere else).
+  (``direct`` in flexlease's own sandboxes, ``kubelet`` everywhere else); with
+  ``agent.staging_nats_url``, streaming-data staging around each hot restart
+  (:mod:`nodeagent.staging`) and the prelaunch for reclaim pods (:mod:`nodeagent.reclaim`).
 
 :mod:`nodeagent.prelaunch` holds the prelaunch window W and the standby prewarm command.
 """
