@@ -377,6 +377,16 @@ async def committed_reaches(broker: JetStreamBroker, target: int, *, limit: floa
     return None
 
 
+async def first_record(broker: JetStreamBroker, *, limit: float = 60) -> None:
+    """Wait until the producer's first record is in the live stream."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if (await broker.stream_state(BINDING.stream)).last_seq > 0:
+            return
+        await asyncio.sleep(0.01)
+    raise SystemExit("the producer published nothing")
+
+
 def restart_window() -> float:
     """W for the process mode's restarts (formulas 1–3): image prelaunched and checkpoint
     cached (η = 1), so W = S_ckpt / B_gpu for a 256 MiB checkpoint."""
@@ -458,8 +468,7 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path, testbed: Test
                     env=env,
                     cwd=REPO,
                 )
-                while (await broker.stream_state(BINDING.stream)).last_seq == 0:  # the producer started
-                    await asyncio.sleep(0.01)
+                await first_record(broker)
                 run.t0 = time.time()
                 for i in range(args.restarts):
                     at = args.seconds * (i + 1) / (args.restarts + 1)
