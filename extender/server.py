@@ -133,7 +133,9 @@ def create_app(
     """
     ext = settings.extender
     inv = inventory or Inventory(
-        gpu_resource=ext.gpu_resource, reservation_ttl_seconds=ext.reservation_ttl_seconds
+        gpu_resource=ext.gpu_resource,
+        reservation_ttl_seconds=ext.reservation_ttl_seconds,
+        right_of_return=ext.right_of_return,
     )
     registry = registry if registry is not None else CollectorRegistry()
     admission = Admission(ext, store, inv, registry=registry)

@@ -104,6 +104,7 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
         gpu_resource=settings.extender.gpu_resource,
         reservation_ttl_seconds=settings.extender.reservation_ttl_seconds,
         clock=clock.now,
+        right_of_return=settings.extender.right_of_return,
     )
     holder: dict[str, lease_controller.LeaseController] = {}
 

@@ -157,6 +157,10 @@ class Inventory:
     ``gpu_resource``: the extended resource name pods request (``nvidia.com/gpu``).
     ``reservation_ttl_seconds``: how long an assumed bind waits for the watch to confirm.
     ``clock``: monotonic seconds (injectable for tests).
+    ``right_of_return``: False for plain leasing (``extender.right_of_return``): the views
+    handed to scheduling carry no ownership tags and one tier for every GPU that has one
+    (HA, so it meets any requirement and no GPU is preferred for its tier); the inventory
+    itself (gauges, summary) keeps what the GPUNodes say.
     """
 
     def __init__(
@@ -165,8 +169,10 @@ class Inventory:
         gpu_resource: str = DEFAULT_GPU_RESOURCE,
         reservation_ttl_seconds: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        right_of_return: bool = True,
     ) -> None:
         self._resource = gpu_resource
+        self._right_of_return = right_of_return
         self._ttl = reservation_ttl_seconds
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
@@ -565,14 +571,15 @@ class Inventory:
                 holders[res.uid] = Holder(
                     uid=res.uid, key=res.key, indices=res.indices, low=False, reserved=True
                 )
+        ror = self._right_of_return
         devices = tuple(
             DeviceView(
                 index=i,
                 uuid=d.uuid,
                 model=d.model,
-                tier=d.tier,
+                tier=d.tier if ror or d.tier is None else Tier.HA,
                 healthy=d.healthy,
-                owner=d.owner,
+                owner=d.owner if ror else None,
                 holder=taken.get(i),
             )
             for i, d in sorted(n.devices.items())

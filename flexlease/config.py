@@ -89,6 +89,14 @@ class ExtenderSettings(_Group):
     reservation_ttl_seconds: float = Field(default=30.0, gt=0)
     """A bind's reservation not confirmed by the watch within this time is forgotten."""
     shutdown_timeout_seconds: float = Field(default=5.0, gt=0)
+    right_of_return: bool = True
+    """False: *plain leasing*, the baseline of WeFlex §4.7 / Fig. 14 ("GPU leasing without
+    right-of-return"), where GPUs are interchangeable. Filter, prioritize, bind and preempt
+    then ignore reliability tiers (every healthy GPU whose agent reports a tier meets any
+    ``flexlease.io/reliability`` and none is preferred for its tier) and ownership tags (no
+    GPU is kept for an owner; a reclaim takes whatever is free), and the lease controller
+    marks every Lend and Reclaim ``GPULease`` Failed (there is nothing to tag or return). GPU
+    type, health, priority preemption and the standby pool's rules stay as they are."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ExtenderSettings:

@@ -113,6 +113,7 @@ class LeaseController:
     ) -> None:
         self._settings = settings.lease
         self._resource = settings.extender.gpu_resource
+        self._right_of_return = settings.extender.right_of_return
         self._critical = profiles.critical_roles(profiles.registry(settings.orchestrator.profile_dirs))
         """Critical roles by framework: their pods are never noticed or evicted (WeFlex §3.4)."""
         self._store = store
@@ -362,7 +363,14 @@ class LeaseController:
         now = self._clock.now_utc()
         view = self.view()
         ledger = owner_ledger(self._parsed_leases(), lease.spec.owner, exclude=name)
-        plan = planner.plan_lease(lease, view, ledger=ledger, now=now, blocked=self._blocked.get(key))
+        plan = planner.plan_lease(
+            lease,
+            view,
+            ledger=ledger,
+            now=now,
+            blocked=self._blocked.get(key),
+            right_of_return=self._right_of_return,
+        )
         ref = ObjectRef.lease(namespace, name, lease.metadata.uid)
 
         if plan.baseline is not None:

@@ -695,8 +695,18 @@ def plan_lease(
     ledger: Ledger,
     now: datetime,
     blocked: Mapping[str, str] | None = None,
+    right_of_return: bool = True,
 ) -> LeasePlan:
-    """Dispatch on ``spec.action`` to :func:`plan_lend` or :func:`plan_reclaim`."""
+    """Dispatch on ``spec.action`` to :func:`plan_lend` or :func:`plan_reclaim`. Without
+    ``right_of_return`` (plain leasing, ``extender.right_of_return: false``) every lease is
+    Failed with a message saying so: nothing is tagged, nothing is returned."""
+    if not right_of_return:
+        return _failed(
+            lease,
+            "right-of-return is disabled (extender.right_of_return: false, plain leasing):"
+            f" a {lease.spec.action.value} has nothing to tag or return",
+            now=now,
+        )
     if lease.spec.action is LeaseAction.LEND:
         return plan_lend(lease, view, now=now)
     return plan_reclaim(lease, view, ledger=ledger, now=now, blocked=blocked)
