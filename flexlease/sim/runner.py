@@ -25,9 +25,9 @@ from typing import Any, Final, Protocol
 import aiohttp
 
 from flexlease.clock import ManualClock
-from flexlease.config import LeaseSettings, Settings, StoreSettings
+from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StoreSettings
 from flexlease.logging import ctx
-from flexlease.sim import driver, failures
+from flexlease.sim import driver, failures, traces
 from flexlease.sim.extender_client import ExtenderClient
 from flexlease.sim.scenario import Policy, Scenario
 from flexlease.store.base import Kind
@@ -60,13 +60,16 @@ def load_host() -> HostFactory:
     return factory
 
 
-def sim_settings(scenario: Scenario) -> Settings:
+def sim_settings(scenario: Scenario, policy: Policy = Policy.ROR) -> Settings:
     """The extender's settings in a simulation: in-memory store; the lease controller on or
     off per the scenario, keeping the standby pool at its initial size, resyncing hourly
-    (every change is watched; the resync is only a safety net)."""
+    (every change is watched; the resync is only a safety net). Plain leasing runs the same
+    app with ``extender.right_of_return`` off: tiers and ownership tags are not consulted,
+    as in the paper's baseline where GPUs are interchangeable."""
     return Settings(
         log_level="WARNING",
         store=StoreSettings(kind="memory"),
+        extender=ExtenderSettings(right_of_return=policy is not Policy.PLAIN),
         lease=LeaseSettings(
             enabled=scenario.lease_enabled,
             resync_seconds=3600.0,
@@ -105,7 +108,7 @@ async def run_policy(
     store = MemoryStore(clock=clock, uids=uid_source(policy), history_revisions=200_000)
     factory = host or load_host()
     try:
-        async with factory(sim_settings(scenario), store, clock) as ext, _session() as session:
+        async with factory(sim_settings(scenario, policy), store, clock) as ext, _session() as session:
             client = ExtenderClient(session, ext.url)
             sim = driver.Simulation(
                 scenario,
@@ -168,6 +171,7 @@ async def run_all(
         "inputs": {
             "lp_source": world.lp_source,
             "lp_pods": len(world.arrivals),
+            "lp_daily_phase": world.lp_phase,
             "tide": world.tide_source,
             "failure_model": failure_figures(world, scenario),
         },
@@ -178,28 +182,37 @@ async def run_all(
 
 
 def failure_figures(world: driver.World, scenario: Scenario) -> dict[str, Any]:
-    """The failure model's calibration targets (Fig. 5) and what this run's outage histories
-    measure: the share of general-pool GPUs without an outage over the first 14 and 30
-    simulated days (None when the run is shorter)."""
+    """The failure model's parameters and calibration targets (Fig. 5: the share of GPUs
+    without an outage over 14 and 30 days), kept apart from what this run's outage
+    histories measure: the share of general-pool GPUs with no outage in the 14 and 30 days
+    that end at the horizon (the histories start ``tier_window`` + 1 day before t = 0; None
+    when a window reaches further back)."""
     model = world.model
     general = {n for n in driver.general_nodes(scenario)}
     histories = [h for k, h in world.outages.items() if k.node in general]
+    first = -scenario.tier_window - traces.DAY
 
     def measured(days: float) -> float | None:
-        end = days * 86400.0
-        if end > scenario.horizon or not histories:
+        start = scenario.horizon - days * traces.DAY
+        if start < first or not histories:
             return None
-        clean = sum(1 for h in histories if failures.downtime(h, 0.0, end) == 0)
+        clean = sum(1 for h in histories if failures.downtime(h, start, scenario.horizon) == 0)
         return round(clean / len(histories), 4)
 
     return {
-        "flaky_fraction": round(model.flaky_fraction, 4),
-        "good_rate_per_day": round(model.good_rate * 86400, 5),
-        "flaky_rate_per_day": round(model.flaky_rate * 86400, 3),
-        "target_no_outage_14d": round(model.no_outage_probability(14), 3),
-        "target_no_outage_30d": round(model.no_outage_probability(30), 3),
-        "measured_no_outage_14d": measured(14),
-        "measured_no_outage_30d": measured(30),
+        "calibration": {
+            "flaky_fraction": round(model.flaky_fraction, 4),
+            "good_rate_per_day": round(model.good_rate * 86400, 5),
+            "flaky_rate_per_day": round(model.flaky_rate * 86400, 3),
+            "target_no_outage_14d": round(model.no_outage_probability(14), 3),
+            "target_no_outage_30d": round(model.no_outage_probability(30), 3),
+        },
+        "measured": {
+            "gpus": len(histories),
+            "window_end_day": round(scenario.horizon / traces.DAY, 4),
+            "no_outage_14d": measured(14),
+            "no_outage_30d": measured(30),
+        },
     }
 
 

@@ -9,7 +9,9 @@ Arrivals are *scaled to the simulated cluster*: GPU counts by ``gpu_scale`` (for
 much larger clusters), durations capped, the 14-day trace tiled over the simulated horizon,
 and each job thinned or replicated (seeded) so that the offered load — GPU-seconds requested
 per second — hits a target. A job larger than one node is split into pods of at most
-``gpus_per_node`` GPUs, each scheduled on its own (no gang scheduling).
+``gpus_per_node`` GPUs (the simulator schedules a job's pods as one gang). A trace
+without wall-clock times (Alibaba Crux) is put in the day by its own rhythm
+(:func:`daily_phase`).
 When no trace is present, :func:`synthetic_arrivals` draws a seeded Poisson process with a
 diurnal rate instead (the report says so).
 """
@@ -165,6 +167,10 @@ class Scaling:
     max_job_gpus: int = 64
     max_duration: float = DAY
     gpus_per_node: int = 8
+    shift: float = 0.0
+    """Seconds added to every submit time (0 ≤ shift < 1 day), wrapping the trace's last
+    ``shift`` seconds to its start: the daily phase of a trace without wall-clock times
+    (:func:`daily_phase`)."""
 
 
 def scale_jobs(jobs: Sequence[Job], scaling: Scaling, *, seed: int) -> list[PodArrival]:
@@ -189,6 +195,13 @@ def scale_jobs(jobs: Sequence[Job], scaling: Scaling, *, seed: int) -> list[PodA
         for j in jobs
     ]
     span = max(DAY, math.ceil((fitted[-1].submit + 1) / DAY) * DAY)
+    if not 0.0 <= scaling.shift < DAY:
+        raise ValueError("shift must be within [0, 1 day)")
+    if scaling.shift:  # span is whole days, so wrapping keeps every job's hour of day
+        fitted = sorted(
+            (Job((j.submit + scaling.shift) % span, j.gpus, j.duration) for j in fitted),
+            key=lambda j: j.submit,
+        )
     multiplier = scaling.target_load / offered_load(fitted, span=span, max_duration=scaling.max_duration)
     rng = random.Random(f"lp-trace:{seed}")
     out: list[PodArrival] = []
@@ -287,3 +300,94 @@ def hour_of_day_profile(series: UtilSeries) -> tuple[float, ...]:
     if any(c == 0 for c in counts):
         raise ValueError("the series has an hour of day with no data")
     return tuple(s / c for s, c in zip(sums, counts, strict=True))
+
+
+PERIODIC_THRESHOLD: Final = 0.3
+"""Autocorrelation at a one-day lag above which a trace's arrivals count as daily-periodic."""
+
+
+@dataclass(frozen=True, slots=True)
+class DailyPhase:
+    """Where a trace without wall-clock times sits in the day.
+
+    ``shift``: seconds to add to its submit times (0 ≤ shift < 1 day); ``correlation``:
+    Pearson r between its hour-of-day arrival profile after the shift and the reference
+    profile; ``autocorrelation``: of its hourly arrival counts at a one-day lag (how daily
+    its rhythm is; at or below :data:`PERIODIC_THRESHOLD` no phase is derived: shift 0).
+    """
+
+    shift: float
+    correlation: float | None
+    autocorrelation: float
+
+    @property
+    def periodic(self) -> bool:
+        return self.autocorrelation > PERIODIC_THRESHOLD
+
+
+def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
+
+
+def arrival_autocorrelation(jobs: Sequence[Job], *, lag: float = DAY, step: float = 3600.0) -> float:
+    """Autocorrelation of the arrival counts per ``step`` seconds at ``lag`` seconds (the
+    sample autocorrelation: lagged covariance over the variance). 0 for a trace shorter
+    than two lags or with a constant rate."""
+    if not jobs:
+        return 0.0
+    start = jobs[0].submit
+    n = int((jobs[-1].submit - start) // step) + 1
+    k = round(lag / step)
+    if n < 2 * k or k < 1:
+        return 0.0
+    counts = [0.0] * n
+    for j in jobs:
+        counts[int((j.submit - start) // step)] += 1
+    mean = sum(counts) / n
+    var = sum((c - mean) ** 2 for c in counts)
+    if var == 0:
+        return 0.0
+    return sum((counts[i] - mean) * (counts[i + k] - mean) for i in range(n - k)) / var
+
+
+def hourly_arrivals(jobs: Iterable[Job], *, shift: float = 0.0) -> tuple[int, ...]:
+    """Jobs submitted in each hour of day (24 counts), times taken from the trace's start
+    plus ``shift`` seconds."""
+    counts = [0] * 24
+    for j in jobs:
+        counts[int(((j.submit + shift) % DAY) // 3600)] += 1
+    return tuple(counts)
+
+
+def daily_phase(jobs: Sequence[Job], reference: Sequence[float], *, step: float = 600.0) -> DailyPhase:
+    """The daily phase of a trace whose times start at an unknown hour (Alibaba Crux: times
+    from its first submission, no dates).
+
+    The trace's own rhythm decides whether there is a phase to find: when its hourly
+    arrival counts correlate with themselves a day later (:func:`arrival_autocorrelation`
+    above :data:`PERIODIC_THRESHOLD`), the shift (a multiple of ``step`` seconds within a
+    day; the smallest on ties) is the one that best aligns its hour-of-day arrival profile
+    (:func:`hourly_arrivals`) with ``reference`` (24 values, hour 0 first — the online
+    tide's demand: tenants submit when people are awake, as the tide's traffic rises), by
+    Pearson correlation. Otherwise the shift is 0 and ``correlation`` None. Raises
+    ``ValueError`` on an empty trace or a reference of another length than 24.
+    """
+    if not jobs:
+        raise ValueError("the trace holds no jobs")
+    if len(reference) != 24:
+        raise ValueError("the reference profile needs 24 hourly values")
+    auto = arrival_autocorrelation(jobs)
+    if auto <= PERIODIC_THRESHOLD:
+        return DailyPhase(0.0, None, round(auto, 4))
+    start = jobs[0].submit
+    rebased = [Job(j.submit - start, j.gpus, j.duration) for j in jobs]
+    best = (-2.0, 0.0)
+    for k in range(int(DAY // step)):
+        r = _pearson([float(c) for c in hourly_arrivals(rebased, shift=k * step)], reference)
+        if r > best[0] + 1e-12:
+            best = (r, k * step)
+    return DailyPhase(best[1], round(best[0], 4), round(auto, 4))
