@@ -1,7 +1,7 @@
 """``python -m flexlease.sim``: run the trace-driven simulator and write the report and plots.
 
     python -m flexlease.sim --nodes 64 --days 60 --out DIR [--data DIR] [--seed N]
-        [--policy all|both|ror|plain|static] [--gpu-models "MODEL:SHARE,..."]
+        [--policy all|both|ror|plain|static] [--gpu-models "MODEL:SHARE,..." | --cluster FILE]
 
 Writes ``report.json`` (the same bytes for the same arguments), ``timing.json`` (wall-clock
 figures) and the plots. Exit status: 0 when every policy ran to the end with no invariant
@@ -16,19 +16,27 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
 import flexlease.logging
 from flexlease.api.tiers import Tier
-from flexlease.sim import driver, report, runner
+from flexlease.sim import cluster, driver, report, runner
 from flexlease.sim.scenario import DEFAULT_DATA_DIR, Scenario, parse_gpu_models
 from flexlease.sim.traces import DAY
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario]:
     p = argparse.ArgumentParser(prog="python -m flexlease.sim", description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=64, help="general nodes (default 64)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--standby-nodes", type=int, default=4, help="standby-pool nodes (default 4)")
+    p.add_argument("--nodes", type=int, default=None, help="general nodes (default 64)")
+    p.add_argument("--gpus-per-node", type=int, default=None, help="(default 8)")
+    p.add_argument("--standby-nodes", type=int, default=None, help="standby-pool nodes (default 4)")
+    p.add_argument(
+        "--cluster",
+        type=Path,
+        default=None,
+        help="YAML cluster file: models and shares, optionally nodes, standby_nodes, gpus_per_node,"
+        " online_model (see flexlease/sim/cluster.py)",
+    )
     p.add_argument("--days", type=float, default=60.0, help="simulated days (default 60)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument(
@@ -62,8 +70,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
     )
     p.add_argument(
         "--gpu-models",
-        default="NVIDIA H20:1",
-        help='GPU models and their shares of the nodes, e.g. "NVIDIA H20:0.7,NVIDIA H100 80GB HBM3:0.3"',
+        default=None,
+        help='GPU models and their shares of the nodes, e.g. "NVIDIA H20:0.7,NVIDIA H100 80GB HBM3:0.3"'
+        ' (default "NVIDIA H20:1")',
     )
     p.add_argument(
         "--keep-state",
@@ -73,10 +82,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     try:
+        size, gpu_models = _cluster(args)
         scenario = Scenario(
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            standby_nodes=args.standby_nodes,
+            nodes=size["nodes"],
+            gpus_per_node=size["gpus_per_node"],
+            standby_nodes=size["standby_nodes"],
             days=args.days,
             seed=args.seed,
             tick=args.tick,
@@ -88,12 +98,37 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
             lp_load=args.lp_load,
             lp_patience=args.lp_patience,
             tier_refresh=args.tier_refresh_hours * 3600.0,
-            gpu_models=parse_gpu_models(args.gpu_models),
+            gpu_models=gpu_models,
             warmup=min(DAY, args.days * DAY / 4),
         )
     except ValueError as exc:
         p.error(str(exc))
     return args, scenario
+
+
+SIZE_DEFAULTS: Final = {"nodes": 64, "gpus_per_node": 8, "standby_nodes": 4}
+
+
+def _cluster(args: argparse.Namespace) -> tuple[dict[str, int], tuple[tuple[str, float], ...]]:
+    """The cluster's size and GPU models from ``--cluster`` and the command line; a value
+    given in both places is refused. Raises ``ValueError`` (a :class:`ClusterFileError` for
+    the file)."""
+    size = {name: getattr(args, name) for name in SIZE_DEFAULTS}
+    if args.cluster is None:
+        models = parse_gpu_models(args.gpu_models or "NVIDIA H20:1")
+    else:
+        if args.gpu_models is not None:
+            raise ValueError("give the GPU models with --cluster or --gpu-models, not both")
+        spec = cluster.load(args.cluster)
+        for name in SIZE_DEFAULTS:
+            value = getattr(spec, name)
+            if value is not None and size[name] is not None:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{name} is set in {args.cluster} and by {flag}: give it once")
+            if value is not None:
+                size[name] = value
+        models = spec.gpu_models()
+    return {k: v if v is not None else SIZE_DEFAULTS[k] for k, v in size.items()}, models
 
 
 def main(argv: Sequence[str] | None = None) -> int:

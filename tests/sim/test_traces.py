@@ -147,3 +147,58 @@ def test_diurnal_rate_is_positive_and_bounded(t: float) -> None:
 def test_offered_load() -> None:
     assert traces.offered_load([Job(0, 2, 100), Job(0, 1, 1000)], span=100, max_duration=500) == 7.0
     assert math.isclose(traces.offered_load([], span=1, max_duration=1), 0.0)
+
+
+def _daily_jobs(days: int, busy_hours: range) -> list[Job]:
+    """One job every 20 minutes during ``busy_hours`` of each day (trace time), one at 12 h
+    offset otherwise every 3 hours: a clear daily rhythm."""
+    jobs = []
+    for d in range(days):
+        for m in range(0, 24 * 60, 20):
+            h = m // 60
+            if h in busy_hours or m % 180 == 0:
+                jobs.append(Job(d * DAY + m * 60.0, 1, 600.0))
+    return jobs
+
+
+def _reference(peak_hour: int) -> list[float]:
+    return [math.cos(2 * math.pi * (h + 0.5 - peak_hour) / 24) for h in range(24)]
+
+
+def test_daily_phase_aligns_a_rhythmic_trace_to_the_reference() -> None:
+    # busy 02:00–08:00 in trace time, the reference peaks at 14:00: shift ≈ 9 h
+    phase = traces.daily_phase(_daily_jobs(6, range(2, 8)), _reference(14))
+    assert phase.periodic and phase.autocorrelation > 0.7
+    assert 8 * 3600 <= phase.shift <= 10 * 3600 and phase.shift % 600 == 0
+    assert phase.correlation is not None and phase.correlation > 0.6
+    shifted = traces.hourly_arrivals(_daily_jobs(6, range(2, 8)), shift=phase.shift)
+    assert max(range(24), key=shifted.__getitem__) in range(10, 18)  # the busy hours moved to the afternoon
+
+
+def test_daily_phase_keeps_a_trace_without_daily_rhythm_as_recorded() -> None:
+    # one burst: no correlation a day later
+    jobs = [Job(3600.0 * 30 + i, 1, 60.0) for i in range(200)] + [Job(4 * DAY, 1, 60.0)]
+    phase = traces.daily_phase(jobs, _reference(14))
+    assert not phase.periodic and phase.shift == 0.0 and phase.correlation is None
+
+
+def test_daily_phase_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="24 hourly"):
+        traces.daily_phase(_daily_jobs(3, range(2, 8)), [1.0] * 12)
+    with pytest.raises(ValueError, match="no jobs"):
+        traces.daily_phase([], _reference(14))
+
+
+def test_scale_jobs_shift_wraps_and_keeps_the_hour_of_day() -> None:
+    jobs = _daily_jobs(3, range(2, 8))
+    base = Scaling(target_load=5.0, horizon=3 * DAY)
+    shifted = traces.scale_jobs(jobs, Scaling(target_load=5.0, horizon=3 * DAY, shift=9 * 3600.0), seed=1)
+    plain = traces.scale_jobs(jobs, base, seed=1)
+    assert all(0 <= p.time < 3 * DAY for p in shifted)
+    busiest = [0] * 24
+    for p in shifted:
+        busiest[int((p.time % DAY) // 3600)] += 1
+    assert max(range(24), key=busiest.__getitem__) in range(11, 17)
+    assert len(shifted) == pytest.approx(len(plain), rel=0.2)
+    with pytest.raises(ValueError, match="shift"):
+        traces.scale_jobs(jobs, Scaling(target_load=5.0, horizon=DAY, shift=DAY), seed=1)
