@@ -164,7 +164,8 @@ class Invariants:
     * ``lp_on_standby``: a low-priority pod holds a GPU of a standby-pool node;
     * ``unaccounted_scale_ups``: a scale-up whose lent GPUs were not all counted as the same
       device back, a standby supplement or missing (each counted on its own, from the
-      lease's status and the job's pods);
+      lease's status and the job's pods), or a finished Reclaim listing more standby
+      supplements than the lease controller announced in ``Supplemented`` Events;
     * ``supplement_model_mismatch``: a standby supplement of another GPU model than the
       lent GPU it replaces;
     * ``assignment_mismatches``: bind's ``assigned-gpus``/``nodeName`` disagree with the
@@ -1011,9 +1012,27 @@ class Simulation:
             cycle.reclaim_phase = phase
             cycle.reclaim_s = t - self.reclaim_started
             self._account_cycle(cycle, final=True)
+            cycle.supplement_events = await self._supplement_events(self.reclaim_name)
+            if cycle.supplement_events < cycle.supplements_listed:
+                self.invariants.violated(
+                    "unaccounted_scale_ups",
+                    f"{self.reclaim_name}: {cycle.supplements_listed} standby supplements listed,"
+                    f" {cycle.supplement_events} Supplemented Events",
+                )
             if phase != LeasePhase.DONE.value:
                 cycle.notes.append(f"Reclaim ended {phase}: {status.get('message', '')}")
         self.reclaim_started = None  # closed: the pods bound from here on are accounted
+
+    async def _supplement_events(self, lease: str) -> int:
+        """``Supplemented`` Events the lease controller wrote about GPULease ``lease``."""
+        events = (await self.store.list(Kind.EVENT, namespace=JOB_NAMESPACE)).items
+        return sum(
+            1
+            for e in events
+            if e.get("reason") == "Supplemented"
+            and (e.get("involvedObject") or {}).get("kind") == keys.GPULEASE_KIND
+            and (e.get("involvedObject") or {}).get("name") == lease
+        )
 
     async def _reclaim_lease(self) -> JsonObj | None:
         assert self.reclaim_name is not None
@@ -1098,6 +1117,7 @@ class Simulation:
             )
             for s in status.get("supplementedFromStandby") or []
         }
+        cycle.supplements_listed = len(supplements)
         cycle.supplement_model_mismatches = [
             f"{original} supplemented by {replacement}"
             for original, replacement in supplements.items()

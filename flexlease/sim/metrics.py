@@ -73,6 +73,12 @@ class Cycle:
     unaccounted_checked: bool = False
     final: bool = False
     supplement_model_mismatches: list[str] = field(default_factory=list)
+    supplements_listed: int = 0
+    """Replacements in the Reclaim's ``status.supplementedFromStandby``."""
+    supplement_events: int | None = None
+    """``Supplemented`` Events the lease controller wrote for the Reclaim, counted once it
+    finished (None: it did not finish); each replacement is announced by one, so fewer
+    Events than listed replacements is a scale-up not accounted for."""
     restored_at: float | None = None
     lp_pods_evicted: int = 0
     lp_pods_preempted: int = 0

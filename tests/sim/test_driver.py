@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from flexlease.api.resources import DeviceKey
-from flexlease.sim import driver
+from flexlease.clock import ManualClock
+from flexlease.sim import driver, traces
+from flexlease.store.base import Kind
+from flexlease.store.memory import MemoryStore
 from flexlease.sim.scenario import Policy, Scenario
 
 HEAD = "submit_time_s,gpus,duration_s,tenant,status,source_job_index,submit_time_local\n"
@@ -69,7 +72,42 @@ def test_an_unclocked_trace_is_put_in_the_day_by_its_rhythm(tmp_path: Path) -> N
     night = sum(1 for a in world.arrivals if (a.time % 86400) < 6 * 3600)
     afternoon = sum(1 for a in world.arrivals if 10 * 3600 <= (a.time % 86400) < 16 * 3600)
     assert afternoon > 4 * night
-    assert (
-        driver.lp_daily_phase("philly", driver.traces.parse_jobs(text))[1]["method"]
-        == "the trace's own clock"
+    assert driver.lp_daily_phase("philly", traces.parse_jobs(text))[1]["method"] == "the trace's own clock"
+
+
+async def test_supplement_events_are_counted_per_reclaim() -> None:
+    """The Supplemented Events the lease controller writes about one Reclaim (other reasons,
+    other leases and other kinds are not counted)."""
+    store = MemoryStore()
+    clock = ManualClock(driver.EPOCH)
+    sim = driver.Simulation(
+        Scenario(nodes=2, standby_nodes=0, days=1),
+        Policy.ROR,
+        world=driver.build_world(Scenario(nodes=2, standby_nodes=0, days=1)),
+        store=store,
+        client=None,  # type: ignore[arg-type]
+        clock=clock,
+        host=None,  # type: ignore[arg-type]
     )
+
+    def event(name: str, reason: str, lease: str, kind: str = "GPULease") -> dict[str, object]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": driver.JOB_NAMESPACE},
+            "involvedObject": {"kind": kind, "name": lease},
+            "reason": reason,
+        }
+
+    for obj in (
+        event("a", "Supplemented", "reclaim-0001"),
+        event("b", "Supplemented", "reclaim-0001"),
+        event("c", "ReclaimDone", "reclaim-0001"),
+        event("d", "Supplemented", "reclaim-0002"),
+        event("e", "Supplemented", "reclaim-0001", kind="Pod"),
+    ):
+        await store.create(Kind.EVENT, obj)
+    try:
+        assert await sim._supplement_events("reclaim-0001") == 2
+    finally:
+        await store.close()

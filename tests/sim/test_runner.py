@@ -64,6 +64,7 @@ async def test_both_policies_run_against_the_real_extender(tmp_path: Path) -> No
         assert c["reclaim_s"] >= 30  # the grace period passed on the virtual clock
         assert c["missing"] == 0 and c["complete"], c
         assert c["reclaimed_same"] + c["supplemented"] == c["lent_tagged"]
+        assert c["supplement_events"] is not None and c["supplement_events"] >= c["supplements_listed"]
     state = json.loads((tmp_path / "out" / "ror" / "state.json").read_text())
     assert {lease["metadata"]["name"] for lease in state["GPULease"]} >= {"lend-0001", "reclaim-0001"}
     assert timing["ror"]["http"]["bind"]["calls"] > 0 and timing["wall_s"] > 0
