@@ -7,9 +7,9 @@ from pathlib import Path
 from flexlease.api.resources import DeviceKey
 from flexlease.clock import ManualClock
 from flexlease.sim import driver, traces
+from flexlease.sim.scenario import Policy, Scenario
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
-from flexlease.sim.scenario import Policy, Scenario
 
 HEAD = "submit_time_s,gpus,duration_s,tenant,status,source_job_index,submit_time_local\n"
 
