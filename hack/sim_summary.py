@@ -86,6 +86,26 @@ def table(reports: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def inputs_note(reports: Sequence[dict[str, Any]]) -> str:
+    """One line on the shared inputs: the failure model's measured shares of GPUs without
+    an outage (mean over the runs) beside its calibration targets, and the LP arrivals'
+    daily phase. Parts a report lacks are left out."""
+    parts = []
+    measured = [((r.get("inputs") or {}).get("failure_model") or {}).get("measured") or {} for r in reports]
+    targets = (((reports[0].get("inputs") or {}).get("failure_model") or {}).get("calibration")) or {}
+    for days in (14, 30):
+        values = [m[f"no_outage_{days}d"] for m in measured if m.get(f"no_outage_{days}d") is not None]
+        target = targets.get(f"target_no_outage_{days}d")
+        if values:
+            text = f"GPUs without an outage over {days} days: measured {100 * statistics.fmean(values):.1f} %"
+            parts.append(text + (f" (target {100 * target:.0f} %)" if target is not None else ""))
+    phase = (reports[0].get("inputs") or {}).get("lp_daily_phase") or {}
+    if phase.get("method"):
+        shift = phase.get("shift_hours")
+        parts.append(f"LP arrivals: {phase['method']}" + (f", shift {shift} h" if shift else ""))
+    return "; ".join(parts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hack.sim_summary", description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", type=Path)
@@ -98,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     seeds = ", ".join(str(r["scenario"]["seed"]) for r in reports)
     print(f"\nmean (min–max) over seeds {seeds}")
+    note = inputs_note(reports)
+    if note:
+        print(note)
     return 0
 
 

@@ -41,3 +41,22 @@ def test_a_failed_run_is_not_evidence() -> None:
     del other["policies"]["plain"]
     with pytest.raises(ValueError, match="same policies"):
         sim_summary.table([_run(1, 0.75), other])
+
+
+def test_inputs_note_puts_measured_beside_targets() -> None:
+    runs = []
+    for seed, measured in ((1, 0.68), (2, 0.70)):
+        run = _run(seed, 0.75)
+        run["inputs"] = {
+            "failure_model": {
+                "calibration": {"target_no_outage_14d": 0.7, "target_no_outage_30d": 0.58},
+                "measured": {"no_outage_14d": measured, "no_outage_30d": None},
+            },
+            "lp_daily_phase": {"method": "aligned to the tide", "shift_hours": 7.333},
+        }
+        runs.append(run)
+    assert sim_summary.inputs_note(runs) == (
+        "GPUs without an outage over 14 days: measured 69.0 % (target 70 %);"
+        " LP arrivals: aligned to the tide, shift 7.333 h"
+    )
+    assert sim_summary.inputs_note([_run(1, 0.75)]) == ""
