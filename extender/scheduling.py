@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import enum
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final, NamedTuple
@@ -94,6 +94,8 @@ class Holder:
     ``low``: the pod is low priority (``flexlease.io/priority=low``), so a candidate
     preemption victim. ``priority_value``: its ``spec.priority`` (kube-scheduler only
     preempts pods of lower value). ``reserved``: an assumed bind not yet confirmed (never a victim).
+    ``critical``: its ``flexlease.io/role`` is critical in its framework profile (coordinator,
+    Ray head, rank 0: WeFlex §3.4); never a victim, whatever its priority.
     """
 
     uid: str
@@ -102,6 +104,7 @@ class Holder:
     low: bool
     priority_value: int = 0
     reserved: bool = False
+    critical: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,10 +192,10 @@ class NodeFit(NamedTuple):
     A named tuple: equal situations on different nodes share one verdict through a memo.
 
     ``usable``: devices this pod could use if nobody held them; ``free``: usable and free;
-    ``low_held``: for each usable device held by a low-priority pod (not a bind in flight),
-    that pod's ``spec.priority``, ascending — a preemptor of higher priority could free it;
-    ``own_free``: free usable devices
-    tagged with the pod's owner; ``untagged_free``: free usable untagged devices;
+    ``low_held``: for each usable device held by a low-priority pod (not a bind in flight,
+    not a critical role), that pod's ``spec.priority``, ascending — a preemptor of higher
+    priority could free it; ``own_free``: free usable devices tagged with the pod's owner;
+    ``untagged_free``: free usable untagged devices;
     ``node_free``: free healthy devices of any kind (for packing). The rest explain failures.
     """
 
@@ -257,7 +260,7 @@ class NodeView:
                 c[1] += 1
             else:
                 h = self.holders.get(d.holder)
-                if h is not None and h.low and not h.reserved:
+                if h is not None and h.low and not h.reserved and not h.critical:
                     low_held.setdefault(k, []).append(h.priority_value)
         object.__setattr__(
             self,
@@ -720,6 +723,7 @@ def select_victims(
     *,
     proposed: Iterable[str],
     preemptor_priority: int = 0,
+    protected: Container[str] = frozenset(),
 ) -> Victims | None:
     """Victims on ``node`` so that ``req`` fits, or None when no eviction can make it fit.
 
@@ -729,12 +733,17 @@ def select_victims(
     pod could use. When the GPUs still fall short, more low-priority pods holding usable
     devices (``spec.priority`` below ``preemptor_priority``) are added, those freeing
     the most usable devices first, proposed ones before others. Never a high-priority pod,
-    never a reserved (binding) pod.
+    never a reserved (binding) pod, never a critical one (:attr:`Holder.critical`, or a uid
+    in ``protected``: pods whose role is critical, GPUs or not). A proposed pod without
+    GPUs here that is ``protected`` cannot be replaced by another choice (the scheduler
+    needs what it holds), so the node is given up: None.
     """
     key = FitKey.of(req)
     f = fit(key, node)
     proposed_list = list(dict.fromkeys(proposed))
     passthrough = [uid for uid in proposed_list if uid not in node.holders]
+    if any(uid in protected for uid in passthrough):
+        return None
     if f.free >= req.count:
         return Victims(tuple(passthrough))
     by_index = {d.index: d for d in node.devices}
@@ -749,7 +758,7 @@ def select_victims(
     proposed_set = set(proposed_list)
     candidates: list[tuple[int, int, str, Holder]] = []
     for uid, holder in node.holders.items():
-        if not holder.low or holder.reserved:
+        if not holder.low or holder.reserved or holder.critical or uid in protected:
             continue
         if uid not in proposed_set and holder.priority_value >= preemptor_priority:
             continue

@@ -45,6 +45,7 @@ from extender.admission import Admission
 from extender.binder import Binder
 from extender.equivalence import FilterCache, PriorityCache
 from extender.metrics import VERBS, ExtenderMetrics
+from extender.orchestrator import profile as profiles
 from extender.scheduling import Code
 from extender.state import Inventory
 from flexlease.api import pod as podapi
@@ -136,6 +137,7 @@ def create_app(
         gpu_resource=ext.gpu_resource,
         reservation_ttl_seconds=ext.reservation_ttl_seconds,
         right_of_return=ext.right_of_return,
+        critical_roles=profiles.critical_for(settings.orchestrator.profile_dirs),
     )
     registry = registry if registry is not None else CollectorRegistry()
     admission = Admission(ext, store, inv, registry=registry)
@@ -511,7 +513,13 @@ async def preempt_verb(request: web.Request) -> web.Response:
 
     Per proposed node: keep it only if evicting low-priority pods that hold GPUs this pod
     could use makes it fit (:func:`extender.scheduling.select_victims`); pods without
-    managed GPUs that the scheduler proposed are passed through.
+    managed GPUs that the scheduler proposed are passed through. A pod whose
+    ``flexlease.io/role`` its framework profile marks critical (coordinator, Ray head, rank 0;
+    WeFlex §3.4) is never accepted: a critical GPU holder is replaced by other victims when
+    others free enough GPUs, and a node where the scheduler needs a critical pod without
+    GPUs gone is dropped. kube-scheduler treats a node missing from the reply as no longer a
+    candidate (``callExtenders`` in ``pkg/scheduler/framework/preemption``), and rejects an
+    empty victim list for a node it proposed victims on, so such a node is dropped too.
     """
     args = _model(wire.ExtenderPreemptionArgs, await _read_json(request))
     if request.app[ADMISSION].passes_through(request, "preempt", args.pod):  # another scheduler's
@@ -525,7 +533,9 @@ async def preempt_verb(request: web.Request) -> web.Response:
     not_ready = _not_ready_error(request)
     if not_ready is not None:  # the preemption reply has no Error field: a non-200 is the error
         raise _Reject(503, "not_ready", not_ready)
-    nodes = request.app[INVENTORY].snapshot().nodes
+    inv = request.app[INVENTORY]
+    protected = _Protected(inv, _critical_victims(args, inv.critical_roles))
+    nodes = inv.snapshot().nodes
     out: dict[str, wire.MetaVictims] = {}
     for name, mv in proposal.items():
         view = nodes.get(name)
@@ -536,8 +546,9 @@ async def preempt_verb(request: web.Request) -> web.Response:
             scheduling.release_own(view, req.uid),
             proposed=[p.uid for p in mv.pods],
             preemptor_priority=req.priority_value,
+            protected=protected,
         )
-        if victims is None:
+        if victims is None or (not victims.uids and mv.pods):
             continue
         out[name] = wire.MetaVictims(
             pods=[wire.MetaPod(uid=u) for u in victims.uids],
@@ -547,6 +558,35 @@ async def preempt_verb(request: web.Request) -> web.Response:
         "preempt", {("success", "kept"): len(out), ("unschedulable", "dropped"): len(proposal) - len(out)}
     )
     return _json(wire.ExtenderPreemptionResult(node_name_to_meta_victims=out).to_wire())
+
+
+@dataclass(frozen=True, slots=True)
+class _Protected:
+    """Pod uids ``/preempt`` never accepts as victims: critical per the inventory (every live
+    pod it watches) or per the labels of the full victim pods in the request."""
+
+    inventory: Inventory
+    extra: frozenset[str]
+
+    def __contains__(self, uid: object) -> bool:
+        return isinstance(uid, str) and (uid in self.extra or self.inventory.is_critical(uid))
+
+
+def _critical_victims(
+    args: wire.ExtenderPreemptionArgs, roles: Mapping[str, frozenset[str]]
+) -> frozenset[str]:
+    """uids of the full victim pods (``NodeNameToVictims``, sent when ``nodeCacheCapable`` is
+    off) whose labels name a critical role; with ``NodeNameToMetaVictims`` only uids arrive."""
+    out: set[str] = set()
+    for victims in (args.node_name_to_victims or {}).values():
+        for pod in victims.pods:
+            meta = pod.get("metadata")
+            if not isinstance(meta, dict):
+                continue
+            labels = meta.get("labels")
+            if isinstance(labels, dict) and profiles.is_critical(labels, roles):
+                out.add(str(meta.get("uid")))
+    return frozenset(out)
 
 
 async def healthz(request: web.Request) -> web.Response:

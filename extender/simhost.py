@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from extender import main as extender_main
 from extender.lease import controller as lease_controller
+from extender.orchestrator import profile as profiles
 from extender.state import Inventory
 from flexlease.clock import ManualClock
 from flexlease.config import Settings
@@ -105,6 +106,7 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
         reservation_ttl_seconds=settings.extender.reservation_ttl_seconds,
         clock=clock.now,
         right_of_return=settings.extender.right_of_return,
+        critical_roles=profiles.critical_for(settings.orchestrator.profile_dirs),
     )
     holder: dict[str, lease_controller.LeaseController] = {}
 

@@ -42,6 +42,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
+from extender.orchestrator import profile as profiles
 from extender.scheduling import DeviceView, Holder, NodeView
 from flexlease.api import pod as podapi
 from flexlease.api import resources
@@ -112,6 +113,7 @@ class _Holding:
     priority_value: int
     bound: bool = True
     created: str = ""
+    critical: bool = False
 
     def order(self) -> tuple[bool, str, str]:
         """Rule 1 of the module docstring: the lower claim wins a device claimed twice."""
@@ -170,9 +172,14 @@ class Inventory:
         reservation_ttl_seconds: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         right_of_return: bool = True,
+        critical_roles: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         self._resource = gpu_resource
         self._right_of_return = right_of_return
+        self._critical_roles = profiles.builtin_critical() if critical_roles is None else critical_roles
+        """Critical roles by framework profile (:func:`extender.orchestrator.profile.critical_roles`)."""
+        self._critical: set[str] = set()
+        """uids of live pods (with or without GPUs) whose ``flexlease.io/role`` is critical."""
         self._ttl = reservation_ttl_seconds
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
@@ -278,6 +285,7 @@ class Inventory:
     def replace_pods(self, objects: Iterable[JsonObj]) -> None:
         """Replace every holding with the result of a Pod list."""
         seen: set[str] = set()
+        self._critical.clear()
         for obj in objects:
             uid = self._upsert_pod(obj)
             if uid is not None:
@@ -295,6 +303,7 @@ class Inventory:
         if event.type is EventType.DELETED:
             uid = str((event.object.get("metadata") or {}).get("uid") or "")
             self._release(uid)
+            self._critical.discard(uid)
             res = self._reservations.pop(uid, None)
             if res is not None:
                 self._dirty.add(res.node)
@@ -302,10 +311,11 @@ class Inventory:
         self._upsert_pod(event.object)
 
     def _upsert_pod(self, obj: JsonObj) -> str | None:
+        critical = self._note_critical(obj)
         try:
             req = podapi.parse_pod(obj, self._resource)
         except PodSpecError as exc:
-            return self._upsert_malformed_pod(obj, exc)
+            return self._upsert_malformed_pod(obj, exc, critical=critical)
         uid = req.uid or req.key
         if req.assignment is None or req.terminated:
             self._release(uid)
@@ -319,10 +329,40 @@ class Inventory:
             priority_value=req.priority_value,
             bound=req.node_name == req.assignment.node,
             created=req.created,
+            critical=critical,
         )
         return self._hold(holding)
 
-    def _upsert_malformed_pod(self, obj: JsonObj, exc: PodSpecError) -> str | None:
+    def _note_critical(self, obj: JsonObj) -> bool:
+        """Record whether the pod holds a critical role (coordinator, Ray head, rank 0: WeFlex
+        §3.4) — for every live pod, GPUs or not, since ``/preempt`` must never accept one as a
+        victim. A terminated pod is forgotten. Returns the verdict."""
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        meta = meta if isinstance(meta, dict) else {}
+        uid = meta.get("uid")
+        labels = meta.get("labels")
+        critical = (
+            isinstance(labels, dict)
+            and profiles.is_critical(labels, self._critical_roles)
+            and not podapi.is_terminated(obj)
+        )
+        if isinstance(uid, str) and uid:
+            if critical:
+                self._critical.add(uid)
+            else:
+                self._critical.discard(uid)
+        return critical
+
+    @property
+    def critical_roles(self) -> Mapping[str, frozenset[str]]:
+        """Critical roles by framework profile, as this inventory judges pods."""
+        return self._critical_roles
+
+    def is_critical(self, uid: str) -> bool:
+        """Whether live pod ``uid`` holds a role its framework profile marks critical."""
+        return uid in self._critical
+
+    def _upsert_malformed_pod(self, obj: JsonObj, exc: PodSpecError, *, critical: bool) -> str | None:
         """A pod whose flexlease fields are malformed (e.g. ``priority=High``) still holds the
         GPUs of its ``assigned-gpus``: kept as a high-priority holder, never a victim, so a
         label typo never frees GPUs that are in use. Without an assignment it is ignored."""
@@ -351,6 +391,7 @@ class Inventory:
             priority_value=0,
             bound=node_name == assignment.node,
             created=created if isinstance(created, str) else "",
+            critical=critical,
         )
         return self._hold(holding)
 
@@ -565,6 +606,7 @@ class Inventory:
                 low=h.low,
                 priority_value=h.priority_value,
                 reserved=not h.bound,  # a bind in flight (or interrupted): never a victim
+                critical=h.critical,
             )
         for res in self._reservations.values():
             if res.node == n.name and res.uid not in holders:

@@ -18,8 +18,10 @@ informers for GPULease, GPUNode, Pod) only enqueue keys; one worker takes keys f
   ``ReclaimDone``, ``LendFailed``/``ReclaimFailed``, ``Supplemented``, ``StandbyShortfall``,
   ``EvictionBlocked``, ``InvalidSpec``; on pods ``PreemptNotice``, ``EvictionBlocked``,
   ``Preempted``; on GPUNodes ``StandbyPool``.
-* ``cluster``: release the tags of GPUs their owner's pods hold again, keep the standby pool
-  at ``standby_pool_size`` (:func:`extender.lease.planner.plan_standby`), refresh gauges.
+* ``cluster``: release the tags of GPUs their owner's pods hold again, give critical
+  ReplicaSet pods the highest ``controller.kubernetes.io/pod-deletion-cost``
+  (:mod:`extender.lease.deletion_cost`), keep the standby pool at ``standby_pool_size``
+  (:func:`extender.lease.planner.plan_standby`), refresh gauges.
 
 Everything the controller knows is in the objects (lease status and annotations, GPUNode
 tags, pod annotations), so a restarted controller picks up any lease mid-reclaim. Every
@@ -44,7 +46,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from extender import tasks
-from extender.lease import planner
+from extender.lease import deletion_cost, planner
 from extender.lease.events import ObjectRef, event_object
 from extender.lease.ledger import FINISHED, owner_ledger
 from extender.lease.metrics import Gauges, LeaseMetrics
@@ -114,7 +116,7 @@ class LeaseController:
         self._settings = settings.lease
         self._resource = settings.extender.gpu_resource
         self._right_of_return = settings.extender.right_of_return
-        self._critical = profiles.critical_roles(profiles.registry(settings.orchestrator.profile_dirs))
+        self._critical = profiles.critical_for(settings.orchestrator.profile_dirs)
         """Critical roles by framework: their pods are never noticed or evicted (WeFlex §3.4)."""
         self._store = store
         self._clock: Clock = clock or SystemClock()
@@ -232,6 +234,8 @@ class LeaseController:
     def _pod_changed(self, type: WatchType, obj: JsonObj) -> None:
         if keys.ANN_ASSIGNED_GPUS in (_meta(obj).get("annotations") or {}):
             self._enqueue_world()
+        elif type is not WatchType.DELETED and deletion_cost.needs_cost(obj, self._critical):
+            self._queue.add(CLUSTER_KEY)
 
     def _enqueue_world(self) -> None:
         self._queue.add(CLUSTER_KEY)
@@ -609,6 +613,7 @@ class LeaseController:
     async def _reconcile_cluster(self) -> None:
         view = self.view()
         await self._apply_tags(planner.plan_tag_release(view))
+        await self._protect_critical()
         changes = planner.plan_standby(view, size=self._settings.standby_pool_size)
         for change in changes:
             obj = self._nodes.get(None, change.node)
@@ -628,6 +633,31 @@ class LeaseController:
                 now=self._clock.now_utc(),
             )
         self._update_gauges(self.view() if changes else view)
+
+    async def _protect_critical(self) -> None:
+        """Give critical ReplicaSet pods the highest ``pod-deletion-cost``
+        (:mod:`extender.lease.deletion_cost`). A pod that changed or vanished meanwhile is
+        left to its next watch event."""
+        for patch in deletion_cost.plan_costs(self._pods.values(), self._critical):
+            try:
+                new = await self._store.patch(
+                    Kind.POD,
+                    patch.name,
+                    patch.body(),
+                    namespace=patch.namespace,
+                    resource_version=patch.resource_version or None,
+                )
+            except (Conflict, NotFound):
+                continue
+            self._pods.put(new)
+            log.info(
+                "critical pod: highest deletion cost",
+                extra=ctx(
+                    pod=f"{patch.namespace}/{patch.name}",
+                    annotation=deletion_cost.ANN_POD_DELETION_COST,
+                    value=deletion_cost.CRITICAL_DELETION_COST,
+                ),
+            )
 
     def _update_gauges(self, view: ClusterView) -> None:
         lent: dict[tuple[str, str], int] = {}

@@ -11,10 +11,14 @@ preempted pods) is written first and every later plan re-derives the side effect
 ``spec.count`` asks the controller to find them: it records the GPUs the owner's pods hold
 when it first sees the lease (annotation ``flexlease.io/lend-baseline``) and lends the first
 ``count`` of those (ordered by node, index) that the pods stop holding — so a count Lend must
-be created *before* the pods go. In both forms ``count`` counts released GPUs, LA included:
-an HA or MA GPU is tagged ``spec.devices["<i>"].owner = <owner>`` with ``leasedAt`` and
-recorded with its model and tier in ``status.lent``; an LA GPU goes back untagged. A GPU the
-owner's pods still hold is waited for. Done when every GPU is released.
+be created *before* the pods go. Coordinator protection (WeFlex §3.4): the GPUs of pods whose
+``flexlease.io/role`` their framework profile marks critical are never part of a baseline, and
+a Lend that would need them (``spec.devices`` naming one, or a ``count`` larger than what the
+other pods hold) is refused — Failed, condition reason ``CriticalRole``, a ``LendFailed``
+Warning Event — instead of waiting for a coordinator to go. In both forms ``count`` counts
+released GPUs, LA included: an HA or MA GPU is tagged ``spec.devices["<i>"].owner = <owner>``
+with ``leasedAt`` and recorded with its model and tier in ``status.lent``; an LA GPU goes back
+untagged. A GPU the owner's pods still hold is waited for. Done when every GPU is released.
 
 **Reclaim** (the owner scales up). The targets are fixed on the first reconcile and recorded
 in ``status.lent``: ``spec.devices`` (each must be lent by the owner), or ``count`` of the
@@ -76,6 +80,8 @@ REASON_EVICTION_BLOCKED = "EvictionBlocked"
 REASON_SHORTFALL = "StandbyShortfall"
 REASON_WAITING = "WaitingForRelease"
 REASON_TAGGED = "Tagged"
+REASON_CRITICAL = "CriticalRole"
+"""A Lend refused because it would take GPUs from a pod whose role is critical."""
 
 
 class EventType(enum.StrEnum):
@@ -222,14 +228,14 @@ def _accept(status: GPULeaseStatus, message: str, *, now: datetime) -> GPULeaseS
     return status.model_copy(update={"conditions": conditions})
 
 
-def _failed(lease: GPULease, message: str, *, now: datetime) -> LeasePlan:
+def _failed(lease: GPULease, message: str, *, now: datetime, reason: str = "Invalid") -> LeasePlan:
     cond = COND_TAGGED if lease.spec.action is LeaseAction.LEND else COND_FREED
     status = lease.status.model_copy(
         update={
             "phase": LeasePhase.FAILED,
             "message": message,
             "conditions": set_condition(
-                lease.status.conditions, type=cond, status=False, reason="Invalid", message=message, now=now
+                lease.status.conditions, type=cond, status=False, reason=reason, message=message, now=now
             ),
         }
     )
@@ -256,11 +262,22 @@ def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan
     spec = lease.spec
     owner = spec.owner
     held = view.held_by(owner)
+    critical = {d: h for h in view.holders.values() if h.belongs_to(owner) and h.critical for d in h.devices}
     new_baseline: tuple[DeviceKey, ...] | None = None
 
     if spec.devices is not None:
         wanted = [d.key for d in spec.devices]
         if status.phase is LeasePhase.PENDING:
+            protected = [f"{k} ({critical[k].key})" for k in sorted(set(wanted)) if k in critical]
+            if protected:
+                return _failed(
+                    lease,
+                    f"refused: {', '.join(protected)} held by pods whose flexlease.io/role is critical "
+                    "in their framework profile (coordinator, head, rank 0); a Lend never scales a job "
+                    "below its critical pods — name GPUs of other pods",
+                    now=now,
+                    reason=REASON_CRITICAL,
+                )
             problems: list[str] = []
             if len(set(wanted)) != len(wanted):
                 problems.append("spec.devices lists a GPU twice")
@@ -278,11 +295,23 @@ def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan
         assert spec.count is not None  # GPULeaseSpec guarantees devices xor count
         raw = lease.metadata.annotations.get(keys.ANN_LEND_BASELINE)
         if raw is None:
-            baseline = tuple(sorted(k for k in held if k in view.gpus))
+            # the GPUs of critical pods are never candidates: the job keeps its coordinator
+            baseline = tuple(sorted(k for k in held if k in view.gpus and k not in critical))
             if len(baseline) < spec.count:
+                kept = len([k for k in critical if k in view.gpus])
+                if kept and len(baseline) + kept >= spec.count:
+                    return _failed(
+                        lease,
+                        f"refused: spec.count={spec.count} would take the job below its critical pods "
+                        f"(coordinator, head, rank 0 by their framework profile): they hold {kept} of "
+                        f"its {len(baseline) + kept} GPUs and are never scaled down; "
+                        f"lend at most {len(baseline)}",
+                        now=now,
+                        reason=REASON_CRITICAL,
+                    )
                 return _failed(
                     lease,
-                    f"the owner's pods hold {len(baseline)} GPUs, fewer than spec.count={spec.count}; "
+                    f"the owner's pods hold {len(baseline) + kept} GPUs, fewer than spec.count={spec.count}; "
                     "create a count Lend before the pods release their GPUs, or name spec.devices",
                     now=now,
                 )

@@ -213,6 +213,12 @@ def builtin_critical() -> Mapping[str, frozenset[str]]:
     return critical_roles(builtin())
 
 
+def critical_for(user_dirs: Sequence[Path] = ()) -> Mapping[str, frozenset[str]]:
+    """Critical roles of the :func:`registry` with ``user_dirs`` (the shipped profiles' cached
+    answer when there are none). Raises :class:`ProfileError` on a bad user profile."""
+    return critical_roles(registry(user_dirs)) if user_dirs else builtin_critical()
+
+
 def critical_roles(profiles: Mapping[str, Profile]) -> dict[str, frozenset[str]]:
     """``{profile name: roles it marks critical}`` — what coordinator protection consults."""
     return {name: p.critical_roles for name, p in profiles.items()}

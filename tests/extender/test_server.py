@@ -738,6 +738,11 @@ READ_FIELDS: Final = (
     ("Pod", "spec", "preemptionPolicy"),
     ("Pod", "status"),
     ("Pod", "status", "phase"),
+    ("NodeNameToVictims", "n-busy", "Pods", 0, "metadata"),
+    ("NodeNameToVictims", "n-busy", "Pods", 0, "metadata", "labels"),
+    ("NodeNameToVictims", "n-busy", "Pods", 0, "metadata", "uid"),
+    ("NodeNameToVictims", "n-busy", "Pods", 0, "metadata", "labels", keys.LABEL_ROLE),
+    ("NodeNameToVictims", "n-busy", "Pods", 0, "metadata", "labels", keys.LABEL_FRAMEWORK),
 )
 """Fields of the embedded Pod the extender reads: the fuzzer aims there half the time."""
 
@@ -772,10 +777,17 @@ def mutate(obj: Any, path: tuple[Any, ...], value: Any, *, delete: bool) -> Any:
 
 def valid_bodies() -> dict[str, Any]:
     pod = payloads.pod("f", gpus=2, priority="high", owner="online", tier="HA", spec_priority=1000)
+    victim = payloads.pod("v", uid="u-1", node_name="n-busy")
+    victim["metadata"]["labels"].update({keys.LABEL_ROLE: "worker", keys.LABEL_FRAMEWORK: "mpi"})
     return {
         "filter": payloads.extender_args(pod, ALL),
         "prioritize": payloads.extender_args(pod, ALL),
         "preempt": payloads.preemption_args(pod, {"n-busy": ["u-1", "u-2"]}),
+        # nodeCacheCapable off: whole victim pods, whose role labels /preempt reads
+        "preempt:full": {
+            "Pod": pod,
+            "NodeNameToVictims": {"n-busy": {"Pods": [victim], "NumPDBViolations": 0}},
+        },
         "bind": payloads.binding_args(pod, "n-free"),
     }
 
@@ -812,7 +824,8 @@ async def test_fuzzed_wire_bodies_never_get_a_5xx(
     text = json.dumps(body)
     for placeholder, raw in SPLICE.items():
         text = text.replace(placeholder, raw)
-    resp = await client.post(f"/{verb}", data=text, headers={"Content-Type": "application/json"})
+    path = verb.split(":")[0]
+    resp = await client.post(f"/{path}", data=text, headers={"Content-Type": "application/json"})
     assert resp.status < 500, await resp.text()
     if resp.status >= 400:
         assert (await resp.json())["Error"]

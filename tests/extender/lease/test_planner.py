@@ -165,6 +165,60 @@ def test_lend_count_larger_than_what_the_owner_holds_fails_with_a_clear_message(
     assert "fewer than spec.count=2" in plan.status.message
 
 
+def _job(roles: list[str], framework: str = "pytorch") -> list[dict[str, Any]]:
+    """The owner's pods on n1, one per role, two GPUs each."""
+    return [
+        pod(
+            f"rec-{i}",
+            "n1",
+            [2 * i, 2 * i + 1],
+            namespace="online",
+            priority="high",
+            owner=OWNER,
+            labels={keys.LABEL_ROLE: role, keys.LABEL_FRAMEWORK: framework},
+        )
+        for i, role in enumerate(roles)
+    ]
+
+
+def test_lend_refuses_gpus_of_a_critical_pod_instead_of_waiting_for_it() -> None:
+    """Coordinator protection on scale-down (WeFlex §3.4): rank 0 keeps its GPUs."""
+    world = World(
+        [gpunode("n1")], _job(["master", "worker"]), lease("l", "Lend", devices=[("n1", 1), ("n1", 2)])
+    )
+    plan = world.step()
+    assert plan.status.phase is LeasePhase.FAILED and not plan.tags
+    assert (
+        "refused: n1/1 (online/rec-0) held by pods whose flexlease.io/role is critical" in plan.status.message
+    )
+    assert [c.reason for c in plan.status.conditions if c.type == planner.COND_TAGGED] == [
+        planner.REASON_CRITICAL
+    ]
+    assert [(n.reason, n.type) for n in plan.notes] == [("LendFailed", planner.EventType.WARNING)]
+    # the worker's GPUs are lent as usual
+    ok = World(
+        [gpunode("n1")], _job(["master", "worker"]), lease("l", "Lend", devices=[("n1", 2), ("n1", 3)])
+    )
+    assert ok.step().status.phase is LeasePhase.IN_PROGRESS
+
+
+def test_lend_count_never_counts_on_critical_pods() -> None:
+    world = World([gpunode("n1")], _job(["master", "worker", "worker"]), lease("l", "Lend", count=4))
+    plan = world.step()
+    assert plan.baseline == tuple(DeviceKey("n1", i) for i in range(2, 6))  # not the master's 0-1
+    # the master restarting (its GPUs briefly unheld) does not make them lendable
+    del world.pods["rec-0"]
+    assert world.step().status.phase is LeasePhase.IN_PROGRESS and not world.plan().tags
+    too_many = World([gpunode("n1")], _job(["master", "worker"]), lease("l", "Lend", count=3))
+    plan = too_many.step()
+    assert plan.status.phase is LeasePhase.FAILED
+    assert "would take the job below its critical pods" in plan.status.message
+    assert "they hold 2 of its 4 GPUs and are never scaled down; lend at most 2" in plan.status.message
+    # more than the job holds at all: the usual message
+    plan = World([gpunode("n1")], _job(["master"]), lease("l", "Lend", count=3)).step()
+    assert "the owner's pods hold 2 GPUs, fewer than spec.count=3" in plan.status.message
+
+
 # --------------------------------------------------------------------------- Reclaim
 
 
