@@ -37,6 +37,7 @@ from pydantic import ValidationError
 import flexlease.logging
 from extender import gcpolicy, tasks, tls
 from extender.lease import controller as lease_controller
+from extender.orchestrator import relaunch
 from extender.probes import create_probe_app
 from extender.rollout import controller as rollout_controller
 from extender.server import CleanupContext, LeaderCheck, create_app
@@ -151,6 +152,7 @@ async def run(settings: Settings) -> None:
     contexts.append(
         rollout_controller.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector)
     )
+    contexts.append(relaunch.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector))
     contexts.append(gcpolicy.cleanup_ctx())  # the listed inventory out of the collector's way
     try:
         await serve(

@@ -135,6 +135,15 @@ class OrchestratorSettings(_Group):
     profile_dirs: tuple[Path, ...] = ()
     """Directories of your own framework profiles (``*.yaml``), added to the shipped ones (a
     profile with a shipped name replaces it). Their critical roles are protected from reclaim."""
+    executor: Literal["none", "kubernetes", "cri"] = "none"
+    """How the extender's leader runs a job's profile commands after a lend or reclaim of it
+    completes: ``kubernetes`` (``pods/exec`` on the API server the store uses), ``cri`` (CRI
+    ``ExecSync`` at ``cri_endpoint``: one node, e.g. the local demo) or ``none`` (no runs)."""
+    cri_endpoint: str = "unix:///run/containerd/containerd.sock"
+    max_attempts: int = Field(default=5, ge=1, le=100)
+    """Executions per command before it is ``Failed`` (bounded exponential back-off between)."""
+    ready_timeout_seconds: float = Field(default=300.0, gt=0)
+    """How long a command waits for its preconditions before it is ``TimedOut``."""
 
 
 class AgentSettings(_Group):

@@ -22,8 +22,9 @@ map one to one onto API verbs in :class:`flexlease.store.kube.KubeStore`: ``list
 
 The scan is deliberately simple: :func:`scan` raises :class:`ScanError` for a kind template it
 cannot resolve, rather than guessing. It sees only the store: code that calls the API server
-directly (today only the orchestrator's ``pods/exec`` executor, which the extender does not run
-yet) is listed in ``tests/manifests/test_rbac.py``'s ``STORE_BYPASSES``.
+directly (today only the orchestrator's ``pods/exec`` executor, which the extender runs only
+with ``orchestrator.executor: kubernetes``) is listed in ``tests/manifests/test_rbac.py``'s
+``STORE_BYPASSES``.
 """
 
 from __future__ import annotations

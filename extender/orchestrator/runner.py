@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -149,12 +149,16 @@ class Runner:
         snapshots: SnapshotSource,
         clock: Clock,
         policy: RetryPolicy = RetryPolicy(),
+        on_done: Callable[[str, str], None] | None = None,
     ) -> None:
         self._dag = dag
         self._executor = executor
         self._snapshots = snapshots
         self._clock = clock
         self._policy = policy
+        self._on_done = on_done
+        """Called with (command, pod uid) as each step succeeds, so a caller can record progress
+        before the run ends (and resume a run cut short, passing the steps back as ``done``)."""
 
     async def run(self, job: JobRef, *, done: frozenset[tuple[str, str]] = frozenset()) -> RunResult:
         """Execute every command in dependency order; return when each has a final state.
@@ -283,6 +287,8 @@ class _Run:
         if result.exit_code == 0:
             self.done.add((cmd.name, pod.uid))
             self._step(cmd.name, "exited", attempt, pod=pod.key, exit_code=0)
+            if self.r._on_done is not None:
+                self.r._on_done(cmd.name, pod.uid)
             return ""
         output = (result.stderr or result.stdout).decode(errors="replace").strip()[-_OUTPUT_IN_LOG:]
         self._step(cmd.name, "exited", attempt, pod=pod.key, exit_code=result.exit_code, message=output)

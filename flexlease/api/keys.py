@@ -96,6 +96,12 @@ ANN_ROLLOUT_STATUS: Final = PREFIX + "rollout-status"
 ``current``, ``lastError``, ``skipped``, ``restartSeconds``...), on the StatefulSet for an image
 edit and on the GPULease for the reconfiguration after it."""
 
+ANN_ORCHESTRATION_STATUS: Final = PREFIX + "orchestration-status"
+"""On a GPULease: the orchestrator run its completion started for the owner's job (JSON:
+``leaseUID``, ``leaseGeneration``, ``profile``, ``phase`` Running/Succeeded/Failed/Refused,
+``replicas``, ``commands``, ``done`` steps, ``message``...), written by the extender's leader
+(:mod:`extender.orchestrator.relaunch`); a final phase for the lease's generation is never rerun."""
+
 # GPULease annotations (written by the lease controller)
 ANN_LEND_BASELINE: Final = PREFIX + "lend-baseline"
 """On a ``Lend`` lease with ``spec.count``: the GPUs the owner's pods held when the controller
