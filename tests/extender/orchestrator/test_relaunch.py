@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio.client import Configuration
 from prometheus_client import CollectorRegistry
 
-from extender.orchestrator import profile
-from extender.orchestrator.executors import ExecResult, Executor, KubeExecutor
+from extender.orchestrator import profile, relaunch
+from extender.orchestrator.executors import CriExecutor, ExecResult, Executor, KubeExecutor
 from extender.orchestrator.relaunch import RelaunchController
 from extender.orchestrator.runstatus import RunPhase, parse_status
 from extender.orchestrator.snapshot import PodState
@@ -290,10 +291,13 @@ async def test_a_run_through_kubernetes_exec_on_the_stand_in_api_server(
     server = TestServer(exec_server.create_app(store), host="127.0.0.1")
     await server.start_server()
     try:
-        async with KubeExecutor(Configuration(host=str(server.make_url("")).rstrip("/"))) as executor:
-            async with running(store, clock, executor, profiles_by_name={"marker": marker}):
-                await done_lease(store)
-                await until(_phase_is(store, RunPhase.SUCCEEDED))
+        config = Configuration(host=str(server.make_url("")).rstrip("/"))
+        async with (
+            KubeExecutor(config) as executor,
+            running(store, clock, executor, profiles_by_name={"marker": marker}),
+        ):
+            await done_lease(store)
+            await until(_phase_is(store, RunPhase.SUCCEEDED))
         lines = marks.read_text().splitlines()
         assert sorted(lines[:2]) == ["w-0", "w-1"] and lines[2] == "chief-0 after 2"
     finally:
@@ -303,11 +307,6 @@ async def test_a_run_through_kubernetes_exec_on_the_stand_in_api_server(
 async def test_wiring_opens_the_configured_executor_and_runs_only_with_one(
     store: MemoryStore, clock: ManualClock
 ) -> None:
-    from aiohttp import web
-
-    from extender.orchestrator import relaunch
-    from extender.orchestrator.executors import CriExecutor
-
     assert await relaunch.open_executor(settings()) is None
     cri = await relaunch.open_executor(settings(executor="cri", cri_endpoint="unix:///nowhere.sock"))
     assert isinstance(cri, CriExecutor) and cri.endpoint == "unix:///nowhere.sock"
