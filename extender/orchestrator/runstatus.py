@@ -156,13 +156,12 @@ def _labels(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 def job_pods(pods: Iterable[Mapping[str, Any]], owner: str) -> list[Mapping[str, Any]]:
     """The live pods of job ``owner`` (``<ns>/<job>``) the orchestrator can watch: in the
-    owner's namespace, labelled ``flexlease.io/owner`` = ``<job>`` (or the whole ``<ns>/<job>``,
-    as a store without label-value rules may hold), not terminated or being deleted."""
+    owner's namespace, labelled ``flexlease.io/owner=<job>``, not terminated or being deleted."""
     namespace, _, job = owner.partition("/")
     out = []
     for pod in pods:
         meta = _meta(pod)
-        if meta.get("namespace") != namespace or _labels(pod).get(keys.LABEL_OWNER) not in (job, owner):
+        if meta.get("namespace") != namespace or _labels(pod).get(keys.LABEL_OWNER) != job:
             continue
         if meta.get("deletionTimestamp") or is_terminated(dict(pod)):
             continue
@@ -199,9 +198,6 @@ def decide(
 
     owner = lease.spec.owner
     members = job_pods(pods, owner)
-    values = Counter(str(_labels(p).get(keys.LABEL_OWNER)) for p in members)
-    label = values.most_common(1)[0][0] if values else owner.partition("/")[2]
-    members = [p for p in members if _labels(p).get(keys.LABEL_OWNER) == label]
     frameworks = sorted({str(f) for p in members if (f := _labels(p).get(keys.LABEL_FRAMEWORK))})
     if previous is not None and previous.profile:
         frameworks = [previous.profile]  # a resumed run keeps its profile
@@ -250,7 +246,8 @@ def decide(
         starts=(previous.starts if previous is not None else 0) + 1,
         started_at=previous.started_at if previous is not None and previous.started_at else now,
     )
-    job = JobRef(namespace=owner.partition("/")[0], owner=label, replicas=replicas)
+    namespace, _, job_name = owner.partition("/")
+    job = JobRef(namespace=namespace, owner=job_name, replicas=replicas)
     return Decision(
         Action.RUN,
         "resuming" if previous is not None else "starting",
