@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 import json
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -231,8 +232,9 @@ class NodeView:
     """An immutable view of one node's GPUs, built by :mod:`extender.state`.
 
     ``devices`` is sorted by index. ``holders`` maps pod uid → :class:`Holder`.
-    ``generation`` increases whenever the node's view changes. ``memo`` caches pure
-    per-:class:`FitKey` results for this (immutable) view; it is never part of equality.
+    ``generation`` increases whenever the node's view changes. ``memo`` is a slot for
+    callers' pure results derived from this (immutable) view, never part of equality;
+    Algorithm 1's own memos are shared across nodes by ``signature`` instead.
     """
 
     name: str
@@ -246,7 +248,12 @@ class NodeView:
     owners: frozenset[str] = field(init=False, repr=False)
     """Owners of the node's tagged devices (derived)."""
     groups: tuple[DeviceGroup, ...] = field(init=False, repr=False)
-    """Devices grouped by what decides usability (derived): :func:`fit` counts groups."""
+    """Devices grouped by what decides usability (derived, in a canonical order): :func:`fit`
+    counts groups."""
+    signature: int = field(init=False, repr=False)
+    """An id shared by every view with equal ``groups`` (derived): equal groups give equal
+    :func:`fit` counts, so nodes with one signature get one answer per request class
+    (the cross-node memo). Ids are never reused within a process."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "owners", frozenset(d.owner for d in self.devices if d.owner is not None))
@@ -262,18 +269,42 @@ class NodeView:
                 h = self.holders.get(d.holder)
                 if h is not None and h.low and not h.reserved and not h.critical:
                     low_held.setdefault(k, []).append(h.priority_value)
-        object.__setattr__(
-            self,
-            "groups",
-            tuple(
-                DeviceGroup(m, r, o, hl, c[0], c[1], tuple(low_held.get((m, r, o, hl), ())))
-                for (m, r, o, hl), c in counts.items()
-            ),
+        groups = tuple(
+            sorted(
+                (
+                    DeviceGroup(m, r, o, hl, c[0], c[1], tuple(sorted(low_held.get((m, r, o, hl), ()))))
+                    for (m, r, o, hl), c in counts.items()
+                ),
+                key=_group_order,
+            )
         )
+        object.__setattr__(self, "groups", groups)
+        object.__setattr__(self, "signature", _signature(groups))
 
     @property
     def standby(self) -> bool:
         return self.pool is Pool.STANDBY
+
+
+def _group_order(g: DeviceGroup) -> tuple[str, int, bool, str, bool]:
+    return (g.model, g.rank, g.owner is not None, g.owner or "", g.healthy)
+
+
+_SIGNATURES: dict[tuple[DeviceGroup, ...], int] = {}
+_NEXT_SIGNATURE: Final = itertools.count(1)
+_MEMO_LIMIT: Final = 65_536
+"""Entries at most in each cross-node memo table; a full table is emptied (ids keep
+counting, so a dropped entry is only computed again, never confused with another)."""
+
+
+def _signature(groups: tuple[DeviceGroup, ...]) -> int:
+    """The interned id of ``groups`` (see :attr:`NodeView.signature`)."""
+    sig = _SIGNATURES.get(groups)
+    if sig is None:
+        if len(_SIGNATURES) >= _MEMO_LIMIT:
+            _SIGNATURES.clear()
+        sig = _SIGNATURES[groups] = next(_NEXT_SIGNATURE)
+    return sig
 
 
 def release_own(node: NodeView, uid: str) -> NodeView:
@@ -313,17 +344,31 @@ def device_usable(key: FitKey, dev: DeviceView, *, ignore_holder: bool = False) 
     )
 
 
+_FITS: dict[tuple[FitKey, int], NodeFit] = {}
+
+
 def fit(key: FitKey, node: NodeView) -> NodeFit:
-    """Count ``node``'s devices for ``key`` (memoised on the immutable view)."""
-    cached = node.memo.get(key)
-    if cached is not None:
-        return cached  # type: ignore[return-value]
-    matching = usable = free = own_free = untagged_free = node_free = 0
+    """Count ``node``'s devices for ``key``. Memoised across nodes: every view with the same
+    :attr:`NodeView.signature` shares one result per key (:func:`count_groups` is the
+    computation, :func:`count_devices` the same counts device by device)."""
+    memo_key = (key, node.signature)
+    result = _FITS.get(memo_key)
+    if result is None:
+        if len(_FITS) >= _MEMO_LIMIT:
+            _FITS.clear()
+        result = _FITS[memo_key] = count_groups(key, node.groups)
+    return result
+
+
+def count_groups(key: FitKey, groups: Iterable[DeviceGroup]) -> NodeFit:
+    """:class:`NodeFit` of a node whose devices form ``groups`` (no memo)."""
+    total = matching = usable = free = own_free = untagged_free = node_free = 0
     unhealthy = below = foreign = 0
     low_held: list[int] = []
     need_rank = key.tier.rank
     gpu_type = key.gpu_type
-    for g in node.groups:
+    for g in groups:
+        total += g.total
         if g.healthy:
             node_free += g.free
         if gpu_type is not None and g.model != gpu_type:
@@ -343,8 +388,8 @@ def fit(key: FitKey, node: NodeView) -> NodeFit:
                 untagged_free += g.free
             elif key.owner is not None and g.owner == key.owner:
                 own_free += g.free
-    result = NodeFit(
-        total=len(node.devices),
+    return NodeFit(
+        total=total,
         matching_type=matching,
         usable=usable,
         free=free,
@@ -356,8 +401,33 @@ def fit(key: FitKey, node: NodeView) -> NodeFit:
         below_tier=below,
         foreign_tagged=foreign,
     )
-    node.memo[key] = result
-    return result
+
+
+def count_devices(key: FitKey, node: NodeView) -> NodeFit:
+    """:func:`fit` computed device by device from ``node.devices`` and ``node.holders``,
+    without groups or memo: the reference the memoised path is tested against."""
+    usable = [d for d in node.devices if device_usable(key, d, ignore_holder=True)]
+    low_held = []
+    for d in usable:
+        h = node.holders.get(d.holder) if d.holder is not None else None
+        if h is not None and h.low and not h.reserved:
+            low_held.append(h.priority_value)
+    typed = [d for d in node.devices if key.gpu_type is None or d.model == key.gpu_type]
+    return NodeFit(
+        total=len(node.devices),
+        matching_type=len(typed),
+        usable=len(usable),
+        free=sum(d.free for d in usable),
+        low_held=tuple(sorted(low_held)),
+        own_free=sum(d.free and key.owner is not None and d.owner == key.owner for d in usable),
+        untagged_free=sum(d.free and d.owner is None for d in usable),
+        node_free=sum(d.healthy and d.free for d in node.devices),
+        unhealthy=sum(not d.healthy for d in typed),
+        below_tier=sum(d.healthy and d.rank < key.tier.rank for d in typed),
+        foreign_tagged=sum(
+            d.healthy and d.rank >= key.tier.rank and not tag_allows(key, d.owner) for d in typed
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- filter
@@ -379,13 +449,21 @@ def check_node(req: GpuRequest, node: NodeView) -> Verdict:
 
 
 def _check(keys: RequestKeys, node: NodeView) -> Verdict:
-    key = keys.for_node(node)
-    memo_key = (key, keys.count, keys.preemptor)
-    cached = node.memo.get(memo_key)
-    if cached is not None:
-        return cached  # type: ignore[return-value]
-    verdict = _verdict(keys.count, key, fit(key, node), keys.preemptor)
-    node.memo[memo_key] = verdict
+    return _check_keyed(keys.for_node(node), keys.count, keys.preemptor, node)
+
+
+_VERDICTS: dict[tuple[FitKey, int, int | None, int], Verdict] = {}
+
+
+def _check_keyed(key: FitKey, count: int, preemptor: int | None, node: NodeView) -> Verdict:
+    """The verdict for ``key`` (already normalised for ``node``), memoised across nodes by
+    :attr:`NodeView.signature`."""
+    memo_key = (key, count, preemptor, node.signature)
+    verdict = _VERDICTS.get(memo_key)
+    if verdict is None:
+        if len(_VERDICTS) >= _MEMO_LIMIT:
+            _VERDICTS.clear()
+        verdict = _VERDICTS[memo_key] = _verdict(count, key, fit(key, node), preemptor)
     return verdict
 
 
@@ -519,6 +597,11 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
     standby_at: list[int] = []
     general_ok = False
     standby = Pool.STANDBY
+    # Verdicts of this request by node signature, one table per normalised key: nodes
+    # alike in their device groups get one answer (the cross-node memo).
+    seen_open: dict[int, Verdict] = {}
+    seen_exact: dict[int, Verdict] = {}
+    seen_closed: dict[int, Verdict] = {}
     for i, node in enumerate(nodes):
         if node is None:
             append(NO_GPUNODE)
@@ -527,21 +610,20 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
             append(STANDBY_NOT_RECLAIM)
             standby_at.append(i)
             continue
-        # RequestKeys.for_node and the memo lookup of _check, inlined: this loop runs for
-        # every candidate node of every request.
+        # RequestKeys.for_node, inlined: this loop runs for every candidate node of every request.
         owners = node.owners
         if not owners or not high:
-            key = open_key
+            key, seen = open_key, seen_open
         elif owner is not None and owner in owners:
-            key = exact
+            key, seen = exact, seen_exact
         else:
-            key = closed
-        v = node.memo.get((key, count, preemptor))
+            key, seen = closed, seen_closed
+        v = seen.get(node.signature)
         if v is None:
-            v = _check(keys, node)
+            v = seen[node.signature] = _check_keyed(key, count, preemptor, node)
         if v is PASS:
             general_ok = True
-        append(v)  # type: ignore[arg-type]
+        append(v)
     if req.reclaim and standby_at:
         for i in standby_at:
             node = nodes[i]
@@ -625,13 +707,29 @@ def score_keyed(req: GpuRequest, keys: RequestKeys, node: NodeView) -> int:
     key = keys.for_node(node)
     cached_ckpt = req.checkpoint is not None and req.checkpoint in node.checkpoints
     cached_image = not cached_ckpt and bool(req.images) and not node.images.isdisjoint(req.images)
-    memo_key = (key, keys.count, req.reclaim, cached_ckpt, cached_image)
-    score = node.memo.get(memo_key)
+    # Everything the score reads besides the node's groups: the normalised key (fit), the
+    # count, the reclaim flag and the request's own priority and owner (which levels apply).
+    memo_key = (
+        key,
+        node.signature,
+        keys.count,
+        req.reclaim,
+        keys.exact.high,
+        keys.exact.owner is not None,
+        cached_ckpt,
+        cached_image,
+    )
+    score = _SCORES.get(memo_key)
     if score is None:
-        score = node.memo[memo_key] = _compute_score(
+        if len(_SCORES) >= _MEMO_LIMIT:
+            _SCORES.clear()
+        score = _SCORES[memo_key] = _compute_score(
             req, keys, fit(key, node), cached_ckpt=cached_ckpt, cached_image=cached_image
         )
-    return score  # type: ignore[return-value]
+    return score
+
+
+_SCORES: dict[tuple[FitKey, int, int, bool, bool, bool, bool, bool], int] = {}
 
 
 def _compute_score(
