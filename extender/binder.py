@@ -34,7 +34,7 @@ from extender import scheduling
 from extender.admission import BindCheck
 from extender.state import Inventory
 from flexlease.api import keys
-from flexlease.api.pod import Assignment, GpuRequest, parse_pod
+from flexlease.api.pod import Assignment, GpuRequest, ParsedPods, parse_pod
 from flexlease.clock import format_time
 from flexlease.errors import Conflict, FlexleaseError, RequestError, StoreError
 from flexlease.logging import ctx
@@ -67,10 +67,14 @@ class _PodLock:
 class Binder:
     """Binds pods to nodes with exact GPUs. ``gpu_resource``: the extended resource name."""
 
-    def __init__(self, store: Store, inventory: Inventory, *, gpu_resource: str) -> None:
+    def __init__(
+        self, store: Store, inventory: Inventory, *, gpu_resource: str, pods: ParsedPods | None = None
+    ) -> None:
         self._store = store
         self._inventory = inventory
         self._resource = gpu_resource
+        self._pods = pods if pods is not None else ParsedPods(gpu_resource)
+        """Parsed pods shared with filter and prioritize (the same version parses once)."""
         self._locks: dict[str, _PodLock] = {}
 
     async def bind(
@@ -102,7 +106,7 @@ class Binder:
         except StoreError as exc:
             return self._fail(key, node, f"cannot read pod {key}: {exc}", cause="store_error")
         try:
-            req = parse_pod(pod, self._resource)
+            req = self._pods.parse(pod)
         except RequestError as exc:
             return self._fail(key, node, f"pod {key}: {exc}", cause="bad_pod")
         if uid and req.uid and uid != req.uid:

@@ -16,14 +16,17 @@ Pure bookkeeping over immutable snapshots: no I/O, no asyncio. Neighbours: used 
 
 from __future__ import annotations
 
-import json
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
+
+import orjson
 
 from extender import scheduling
 from extender.scheduling import Code, NodeView, RequestKeys, Verdict
 from flexlease.api.pod import GpuRequest
+from flexlease.api.resources import Pool
 
 DEFAULT_MAX_CLASSES: Final = 128
 
@@ -44,31 +47,37 @@ class FilterResult:
     unresolvable: dict[str, str]
     counts: dict[Verdict, int]
     encoded: bytes | None = None
-    failed_json: dict[str, str] = field(default_factory=dict)
-    unresolvable_json: dict[str, str] = field(default_factory=dict)
-    """``"node":"reason"`` JSON members of ``failed``/``unresolvable``, kept in step."""
 
     def encode(self) -> bytes:
-        """The ``ExtenderFilterResult`` JSON (nodeCacheCapable form), assembled from the
-        per-node fragments and cached until a verdict changes."""
+        """The ``ExtenderFilterResult`` JSON (nodeCacheCapable form), cached until a verdict
+        changes."""
         if self.encoded is None:
-            self.encoded = (
-                '{"Nodes":null,"NodeNames":'
-                + json.dumps(self.passed, separators=(",", ":"))
-                + ',"FailedNodes":{'
-                + ",".join(self.failed_json.values())
-                + '},"FailedAndUnresolvableNodes":{'
-                + ",".join(self.unresolvable_json.values())
-                + '},"Error":""}'
-            ).encode()
+            self.encoded = b"".join(
+                (
+                    b'{"Nodes":null,"NodeNames":',
+                    orjson.dumps(self.passed),
+                    b',"FailedNodes":',
+                    orjson.dumps(self.failed),
+                    b',"FailedAndUnresolvableNodes":',
+                    orjson.dumps(self.unresolvable),
+                    b',"Error":""}',
+                )
+            )
         return self.encoded
 
 
+_QUOTED: dict[str, str] = {}
+_QUOTED_LIMIT: Final = 1 << 17
+
+
 def _json_str(s: str) -> str:
-    """``s`` as a JSON string literal; node names (DNS-1123) need no escaping, others get it."""
-    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
-        return f'"{s}"'
-    return json.dumps(s)
+    """``s`` as a JSON string literal (memoised: node names recur in every reply)."""
+    quoted = _QUOTED.get(s)
+    if quoted is None:
+        if len(_QUOTED) >= _QUOTED_LIMIT:
+            _QUOTED.clear()
+        quoted = _QUOTED[s] = orjson.dumps(s).decode()
+    return quoted
 
 
 @dataclass(slots=True)
@@ -123,27 +132,23 @@ class FilterCache:
 
     @staticmethod
     def _full(req: GpuRequest, nodes: Mapping[str, NodeView], names: list[str], version: int) -> _Entry:
-        views = [nodes.get(n) for n in names]
+        views = list(map(nodes.get, names))
         verdicts = scheduling.filter_nodes(req, views)
-        standby = [v is not None and v.standby for v in views]
+        standby_pool = Pool.STANDBY
+        standby = [v is not None and v.pool is standby_pool for v in views]
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        counts: dict[Verdict, int] = {}
-        general_passes = 0
-        failed_json: dict[str, str] = {}
-        unresolvable_json: dict[str, str] = {}
-        for name, on_standby, v in zip(names, standby, verdicts, strict=True):
-            counts[v] = counts.get(v, 0) + 1
-            if v is scheduling.PASS:
+        ok = scheduling.PASS
+        unschedulable = Code.UNSCHEDULABLE
+        for name, v in zip(names, verdicts, strict=True):
+            if v is ok:
                 passed.append(name)
-                general_passes += not on_standby
-            elif v.code is Code.UNSCHEDULABLE:
+            elif v.code is unschedulable:
                 failed[name] = v.reason
-                failed_json[name] = _json_str(name) + ":" + v.reason_json
             else:
                 unresolvable[name] = v.reason
-                unresolvable_json[name] = _json_str(name) + ":" + v.reason_json
+        general_passes = sum(1 for v, s in zip(verdicts, standby, strict=True) if v is ok and not s)
         return _Entry(
             names=names,
             index={n: i for i, n in enumerate(names)},
@@ -155,9 +160,7 @@ class FilterCache:
                 passed,
                 failed,
                 unresolvable,
-                counts,
-                failed_json=failed_json,
-                unresolvable_json=unresolvable_json,
+                dict(Counter(verdicts)),
             ),
         )
 
@@ -217,10 +220,8 @@ def _remove(result: FilterResult, name: str, v: Verdict) -> None:
         result.passed.remove(name)
     elif v.code is Code.UNSCHEDULABLE:
         del result.failed[name]
-        del result.failed_json[name]
     else:
         del result.unresolvable[name]
-        del result.unresolvable_json[name]
 
 
 def _add(result: FilterResult, name: str, v: Verdict) -> None:
@@ -229,10 +230,8 @@ def _add(result: FilterResult, name: str, v: Verdict) -> None:
         result.passed.append(name)
     elif v.code is Code.UNSCHEDULABLE:
         result.failed[name] = v.reason
-        result.failed_json[name] = _json_str(name) + ":" + v.reason_json
     else:
         result.unresolvable[name] = v.reason
-        result.unresolvable_json[name] = _json_str(name) + ":" + v.reason_json
 
 
 @dataclass(slots=True)

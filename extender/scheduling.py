@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, TypeVar
 
 from flexlease.api.pod import GpuRequest, Priority
 from flexlease.api.resources import Pool
@@ -290,6 +290,8 @@ def _group_order(g: DeviceGroup) -> tuple[str, int, bool, str, bool]:
     return (g.model, g.rank, g.owner is not None, g.owner or "", g.healthy)
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 _SIGNATURES: dict[tuple[DeviceGroup, ...], int] = {}
 _NEXT_SIGNATURE: Final = itertools.count(1)
 _MEMO_LIMIT: Final = 65_536
@@ -344,19 +346,32 @@ def device_usable(key: FitKey, dev: DeviceView, *, ignore_holder: bool = False) 
     )
 
 
-_FITS: dict[tuple[FitKey, int], NodeFit] = {}
+_FITS: dict[FitKey, dict[int, NodeFit]] = {}
+"""Cross-node memo of :func:`fit`: key → node signature → counts. Two levels, so that the
+per-node lookup hashes only an int."""
+
+
+def _table(tables: dict[_K, dict[int, _V]], key: _K) -> dict[int, _V]:
+    """The per-signature table of ``key`` in ``tables`` (created empty; both levels bounded
+    by :data:`_MEMO_LIMIT`)."""
+    table = tables.get(key)
+    if table is None:
+        if len(tables) >= _MEMO_LIMIT:
+            tables.clear()
+        table = tables[key] = {}
+    elif len(table) >= _MEMO_LIMIT:
+        table.clear()
+    return table
 
 
 def fit(key: FitKey, node: NodeView) -> NodeFit:
     """Count ``node``'s devices for ``key``. Memoised across nodes: every view with the same
     :attr:`NodeView.signature` shares one result per key (:func:`count_groups` is the
     computation, :func:`count_devices` the same counts device by device)."""
-    memo_key = (key, node.signature)
-    result = _FITS.get(memo_key)
+    table = _table(_FITS, key)
+    result = table.get(node.signature)
     if result is None:
-        if len(_FITS) >= _MEMO_LIMIT:
-            _FITS.clear()
-        result = _FITS[memo_key] = count_groups(key, node.groups)
+        result = table[node.signature] = count_groups(key, node.groups)
     return result
 
 
@@ -452,18 +467,17 @@ def _check(keys: RequestKeys, node: NodeView) -> Verdict:
     return _check_keyed(keys.for_node(node), keys.count, keys.preemptor, node)
 
 
-_VERDICTS: dict[tuple[FitKey, int, int | None, int], Verdict] = {}
+_VERDICTS: dict[tuple[FitKey, int, int | None], dict[int, Verdict]] = {}
+"""Cross-node memo of verdicts: (normalised key, count, preemptor) → node signature → verdict."""
 
 
 def _check_keyed(key: FitKey, count: int, preemptor: int | None, node: NodeView) -> Verdict:
     """The verdict for ``key`` (already normalised for ``node``), memoised across nodes by
     :attr:`NodeView.signature`."""
-    memo_key = (key, count, preemptor, node.signature)
-    verdict = _VERDICTS.get(memo_key)
+    table = _table(_VERDICTS, (key, count, preemptor))
+    verdict = table.get(node.signature)
     if verdict is None:
-        if len(_VERDICTS) >= _MEMO_LIMIT:
-            _VERDICTS.clear()
-        verdict = _VERDICTS[memo_key] = _verdict(count, key, fit(key, node), preemptor)
+        verdict = table[node.signature] = _verdict(count, key, fit(key, node), preemptor)
     return verdict
 
 
@@ -597,11 +611,11 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
     standby_at: list[int] = []
     general_ok = False
     standby = Pool.STANDBY
-    # Verdicts of this request by node signature, one table per normalised key: nodes
-    # alike in their device groups get one answer (the cross-node memo).
-    seen_open: dict[int, Verdict] = {}
-    seen_exact: dict[int, Verdict] = {}
-    seen_closed: dict[int, Verdict] = {}
+    # Verdicts by node signature, one table per normalised key: nodes alike in their device
+    # groups get one answer (the cross-node memo), and so do later requests of this class.
+    seen_open = _table(_VERDICTS, (open_key, count, preemptor))
+    seen_exact = _table(_VERDICTS, (exact, count, preemptor))
+    seen_closed = _table(_VERDICTS, (closed, count, preemptor))
     for i, node in enumerate(nodes):
         if node is None:
             append(NO_GPUNODE)
@@ -620,7 +634,7 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
             key, seen = closed, seen_closed
         v = seen.get(node.signature)
         if v is None:
-            v = seen[node.signature] = _check_keyed(key, count, preemptor, node)
+            v = seen[node.signature] = _verdict(count, key, fit(key, node), preemptor)
         if v is PASS:
             general_ok = True
         append(v)
@@ -709,27 +723,28 @@ def score_keyed(req: GpuRequest, keys: RequestKeys, node: NodeView) -> int:
     cached_image = not cached_ckpt and bool(req.images) and not node.images.isdisjoint(req.images)
     # Everything the score reads besides the node's groups: the normalised key (fit), the
     # count, the reclaim flag and the request's own priority and owner (which levels apply).
-    memo_key = (
-        key,
-        node.signature,
-        keys.count,
-        req.reclaim,
-        keys.exact.high,
-        keys.exact.owner is not None,
-        cached_ckpt,
-        cached_image,
+    table = _table(
+        _SCORES,
+        (
+            key,
+            keys.count,
+            req.reclaim,
+            keys.exact.high,
+            keys.exact.owner is not None,
+            cached_ckpt,
+            cached_image,
+        ),
     )
-    score = _SCORES.get(memo_key)
+    score = table.get(node.signature)
     if score is None:
-        if len(_SCORES) >= _MEMO_LIMIT:
-            _SCORES.clear()
-        score = _SCORES[memo_key] = _compute_score(
+        score = table[node.signature] = _compute_score(
             req, keys, fit(key, node), cached_ckpt=cached_ckpt, cached_image=cached_image
         )
     return score
 
 
-_SCORES: dict[tuple[FitKey, int, int, bool, bool, bool, bool, bool], int] = {}
+_SCORES: dict[tuple[FitKey, int, bool, bool, bool, bool, bool], dict[int, int]] = {}
+"""Cross-node memo of scores: what the score reads besides the node → signature → score."""
 
 
 def _compute_score(

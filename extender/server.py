@@ -87,6 +87,8 @@ FILTER_CACHE: Final = web.AppKey("filter_cache", FilterCache)
 PRIORITY_CACHE: Final = web.AppKey("priority_cache", PriorityCache)
 READY_CHECKS: Final = web.AppKey("ready_checks", dict[str, ReadyCheck])
 ADMISSION: Final = web.AppKey("admission", Admission)
+PODS: Final = web.AppKey("pods", podapi.ParsedPods)
+"""Pods parsed in this scheduling cycle (filter, prioritize, preempt and bind share one parse)."""
 LEADER: Final[web.AppKey[LeaderCheck | None]] = web.AppKey("leader")
 """Named readiness checks; other components (leader election, lease controller) add theirs."""
 
@@ -148,7 +150,9 @@ def create_app(
     app[SETTINGS] = settings
     app[STORE] = store
     app[INVENTORY] = inv
-    app[BINDER] = Binder(store, inv, gpu_resource=ext.gpu_resource)
+    pods = podapi.ParsedPods(ext.gpu_resource)
+    app[PODS] = pods
+    app[BINDER] = Binder(store, inv, gpu_resource=ext.gpu_resource, pods=pods)
     app[FILTER_CACHE] = FilterCache()
     app[PRIORITY_CACHE] = PriorityCache()
     app[METRICS] = ExtenderMetrics(registry, inv)
@@ -355,7 +359,7 @@ def _model(cls: type[_M], body: Any) -> _M:
 
 def _parse_pod(request: web.Request, pod: dict[str, Any]) -> podapi.GpuRequest:
     try:
-        return podapi.parse_pod(pod, request.app[SETTINGS].extender.gpu_resource)
+        return request.app[PODS].parse(pod)
     except RequestError as exc:
         raise _Reject(400, "bad_pod", f"Pod: {exc}") from exc
 

@@ -1,7 +1,8 @@
 """Reading a Pod (ordinary camelCase Kubernetes JSON) into a frozen :class:`GpuRequest`.
 
 The pod is parsed once per scheduling cycle (kube-scheduler's PreFilter → CycleState
-pattern); filter and prioritize read the result. Pure; no I/O.
+pattern): :class:`ParsedPods` remembers the last few pods parsed, so filter, prioritize
+and bind of one cycle share one :class:`GpuRequest`. Pure; no I/O.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import enum
 import re
 from dataclasses import dataclass
 from typing import Any, Final
+
+import orjson
 
 from flexlease.api import keys, quantity
 from flexlease.api.resources import DeviceKey
@@ -309,3 +312,58 @@ def salvage_assignment(pod: Any) -> Assignment | None:
         return Assignment.parse(raw)
     except PodSpecError:
         return None
+
+
+class ParsedPods:
+    """:func:`parse_pod` for ``resource``, remembering the last ``size`` pods parsed.
+
+    Kube-scheduler sends one pod to filter and prioritize, and the binder reads the same
+    version back from the API server: each would parse it again. An entry is keyed by the
+    pod's ``metadata.uid`` and ``metadata.resourceVersion`` (which the API server changes on
+    every write) and is used only when the pod is also the same JSON value, compared as
+    its compact JSON encoding (so ``1``, ``1.0`` and ``true`` stay different): a pod that
+    differs in anything gets its own parse, and errors are never cached (each bad pod is
+    answered as :func:`parse_pod` answers it). Pods without uid or resourceVersion, or
+    whose encoding would not read back equal (non-finite floats), are parsed every time.
+    """
+
+    def __init__(self, resource: str = keys.DEFAULT_GPU_RESOURCE, *, size: int = 64) -> None:
+        if size < 1:
+            raise ValueError("size must be at least 1")
+        self.resource = resource
+        self._size = size
+        self._entries: dict[tuple[str, str], tuple[bytes, GpuRequest]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def parse(self, pod: dict[str, Any]) -> GpuRequest:
+        """``parse_pod(pod, resource)``; raises what it raises."""
+        key = _version_key(pod)
+        if key is None:
+            return parse_pod(pod, self.resource)
+        try:
+            encoded = orjson.dumps(pod)
+        except TypeError:  # integers beyond 64 bits, non-string keys: parse as they come
+            return parse_pod(pod, self.resource)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] == encoded:
+            self.hits += 1
+            return entry[1]
+        self.misses += 1
+        req = parse_pod(pod, self.resource)
+        if orjson.loads(encoded) == pod:  # NaN or infinity encode as null: not cached
+            self._entries.pop(key, None)
+            self._entries[key] = (encoded, req)
+            if len(self._entries) > self._size:
+                del self._entries[next(iter(self._entries))]
+        return req
+
+
+def _version_key(pod: Any) -> tuple[str, str] | None:
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    uid, rv = meta.get("uid"), meta.get("resourceVersion")
+    if isinstance(uid, str) and uid and isinstance(rv, str) and rv:
+        return uid, rv
+    return None
