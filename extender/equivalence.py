@@ -178,6 +178,7 @@ class FilterCache:
             return False
         updates: list[tuple[int, str, Verdict]] = []
         passes = entry.general_passes
+        check: scheduling.Checker | None = None
         for name in changed:
             i = entry.index.get(name)
             if i is None:
@@ -191,7 +192,9 @@ class FilterCache:
             elif on_standby:
                 new = scheduling.STANDBY_NOT_RECLAIM
             else:
-                new = scheduling.check_node(req, view)
+                if check is None:
+                    check = scheduling.Checker(req)
+                new = check(view)
             old = entry.verdicts[i]
             if new is not old:
                 updates.append((i, name, new))
@@ -278,22 +281,22 @@ class PriorityCache:
             entry = _Scores({}, version)
         entry.version = version
         by_name = entry.by_name
-        fragments: list[str] = []
+        fragments: list[str | None] = list(map(by_name.get, names))
         computed = 0
-        for name in names:
-            fragment = by_name.get(name)
-            if fragment is None:
-                view = nodes.get(name)
-                score = scheduling.score_keyed(req, keys, view) if view is not None else 0
-                fragment = by_name[name] = _host_score(name, score)
-                computed += 1
-            fragments.append(fragment)
+        if None in fragments:
+            scorer = scheduling.Scorer(req, keys)
+            for i, name in enumerate(names):
+                if fragments[i] is None:
+                    view = nodes.get(name)
+                    score = scorer(view) if view is not None else 0
+                    fragments[i] = by_name[name] = _host_score(name, score)
+                    computed += 1
         self.computed += computed
         self.reused += len(fragments) - computed
         self._entries[class_key] = entry
         if len(self._entries) > self._max:
             del self._entries[next(iter(self._entries))]
-        return ("[" + ",".join(fragments) + "]").encode()
+        return ("[" + ",".join(fragments) + "]").encode()  # type: ignore[arg-type]  # no None left
 
 
 def _host_score(name: str, score: int) -> str:

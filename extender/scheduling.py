@@ -467,6 +467,36 @@ def _check(keys: RequestKeys, node: NodeView) -> Verdict:
     return _check_keyed(keys.for_node(node), keys.count, keys.preemptor, node)
 
 
+class Checker:
+    """:func:`check_node` of one request, for many general-pool nodes:
+    ``Checker(req)(node) -> Verdict``. Resolves the cross-node memo tables of the
+    request's three normalised keys once, so each node costs one lookup by signature."""
+
+    __slots__ = ("_closed", "_count", "_exact", "_high", "_open", "_owner", "_preemptor", "_tables")
+
+    def __init__(self, req: GpuRequest, keys: RequestKeys | None = None) -> None:
+        keys = keys if keys is not None else RequestKeys.of(req)
+        self._open, self._exact, self._closed = keys.open, keys.exact, keys.closed
+        self._count, self._preemptor = keys.count, keys.preemptor
+        self._high, self._owner = keys.exact.high, keys.exact.owner
+        self._tables = tuple(
+            _table(_VERDICTS, (k, keys.count, keys.preemptor)) for k in (keys.open, keys.exact, keys.closed)
+        )
+
+    def __call__(self, node: NodeView) -> Verdict:
+        owners = node.owners
+        if not owners or not self._high:
+            key, table = self._open, self._tables[0]
+        elif self._owner is not None and self._owner in owners:
+            key, table = self._exact, self._tables[1]
+        else:
+            key, table = self._closed, self._tables[2]
+        verdict = table.get(node.signature)
+        if verdict is None:
+            verdict = table[node.signature] = _verdict(self._count, key, fit(key, node), self._preemptor)
+        return verdict
+
+
 _VERDICTS: dict[tuple[FitKey, int, int | None], dict[int, Verdict]] = {}
 """Cross-node memo of verdicts: (normalised key, count, preemptor) → node signature → verdict."""
 
@@ -712,35 +742,72 @@ def banded_score(levels: Iterable[tuple[int, int]], fraction: float) -> int:
 
 def score_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[int]:
     """:func:`score_node` for each of ``nodes`` (0 for None), aligned with the input."""
-    keys = RequestKeys.of(req)
-    return [score_keyed(req, keys, n) if n is not None else 0 for n in nodes]
+    score = Scorer(req)
+    return [score(n) if n is not None else 0 for n in nodes]
 
 
 def score_keyed(req: GpuRequest, keys: RequestKeys, node: NodeView) -> int:
     """:func:`score_node` with the request's keys computed once by the caller."""
-    key = keys.for_node(node)
-    cached_ckpt = req.checkpoint is not None and req.checkpoint in node.checkpoints
-    cached_image = not cached_ckpt and bool(req.images) and not node.images.isdisjoint(req.images)
-    # Everything the score reads besides the node's groups: the normalised key (fit), the
-    # count, the reclaim flag and the request's own priority and owner (which levels apply).
-    table = _table(
-        _SCORES,
-        (
-            key,
-            keys.count,
-            req.reclaim,
-            keys.exact.high,
-            keys.exact.owner is not None,
-            cached_ckpt,
-            cached_image,
-        ),
-    )
-    score = table.get(node.signature)
-    if score is None:
-        score = table[node.signature] = _compute_score(
-            req, keys, fit(key, node), cached_ckpt=cached_ckpt, cached_image=cached_image
-        )
-    return score
+    return Scorer(req, keys)(node)
+
+
+class Scorer:
+    """:func:`score_node` of one request, for many nodes: ``Scorer(req)(node) -> 0..10``.
+
+    A node's score depends on its device groups (:attr:`NodeView.signature`), which of the
+    request's three normalised keys applies there (:meth:`RequestKeys.for_node`) and
+    whether it caches the pod's checkpoint or an image; the request's own count, reclaim
+    flag, priority and owner are fixed. So scores are memoised across nodes and requests
+    per (key, cache state) and signature, and this object resolves the nine possible
+    tables once per request instead of hashing the key at every node.
+    """
+
+    __slots__ = ("_by_key", "_keys", "_req", "_tables")
+
+    def __init__(self, req: GpuRequest, keys: RequestKeys | None = None) -> None:
+        self._req = req
+        self._keys = keys if keys is not None else RequestKeys.of(req)
+        k = self._keys
+        self._by_key = (k.open, k.exact, k.closed)
+        self._tables: list[dict[int, int] | None] = [None] * 9
+
+    def __call__(self, node: NodeView) -> int:
+        req, keys = self._req, self._keys
+        exact = keys.exact
+        owners = node.owners
+        if not owners or not exact.high:
+            slot = 0
+        elif exact.owner is not None and exact.owner in owners:
+            slot = 3
+        else:
+            slot = 6
+        cached_ckpt = req.checkpoint is not None and req.checkpoint in node.checkpoints
+        cached_image = not cached_ckpt and bool(req.images) and not node.images.isdisjoint(req.images)
+        slot += 2 if cached_ckpt else 1 if cached_image else 0
+        table = self._tables[slot]
+        key = self._by_key[slot // 3]
+        if table is None:
+            # Everything the score reads besides the node's groups: the normalised key
+            # (fit), the count, the reclaim flag, the request's own priority and owner
+            # (which levels apply) and the cache state.
+            table = self._tables[slot] = _table(
+                _SCORES,
+                (
+                    key,
+                    keys.count,
+                    req.reclaim,
+                    exact.high,
+                    exact.owner is not None,
+                    cached_ckpt,
+                    cached_image,
+                ),
+            )
+        score = table.get(node.signature)
+        if score is None:
+            score = table[node.signature] = _compute_score(
+                req, keys, fit(key, node), cached_ckpt=cached_ckpt, cached_image=cached_image
+            )
+        return score
 
 
 _SCORES: dict[tuple[FitKey, int, bool, bool, bool, bool, bool], dict[int, int]] = {}
