@@ -85,7 +85,8 @@ class _Entry:
     names: list[str]
     index: dict[str, int]
     verdicts: list[Verdict]
-    standby: list[bool]
+    standby: bytearray
+    """1 where the candidate is a standby-pool node (a bytearray: nothing for the collector)."""
     general_passes: int
     result: FilterResult
 
@@ -97,6 +98,11 @@ class FilterCache:
     def __init__(self, *, max_classes: int = DEFAULT_MAX_CLASSES) -> None:
         self._max = max_classes
         self._entries: dict[tuple[RequestKeys, bool], _Entry] = {}
+        self._names: list[str] = []
+        self._index: dict[str, int] = {}
+        """The latest candidate list and its positions, shared by every entry made for it
+        (the scheduler sends the same list for most pods): one copy for the collector to
+        traverse, not one per class."""
         self.full = 0
         self.incremental = 0
 
@@ -112,9 +118,12 @@ class FilterCache:
         """The filter result of ``req`` over candidate ``names`` against snapshot ``nodes``
         at ``version``. ``changed_since(v)`` names the nodes changed after snapshot ``v``
         (None when unknown). Same verdicts as :func:`extender.scheduling.filter_nodes`."""
+        if names is not self._names and self._names != names:
+            self._names = list(names)
+            self._index = {n: i for i, n in enumerate(self._names)}
         class_key = (RequestKeys.of(req), req.reclaim)
         entry = self._entries.pop(class_key, None)
-        reusable = entry is not None and entry.names == names
+        reusable = entry is not None and (entry.names is self._names or entry.names == names)
         if (
             reusable
             and entry is not None
@@ -123,7 +132,7 @@ class FilterCache:
             self._entries[class_key] = entry
             self.incremental += 1
             return entry.result
-        entry = self._full(req, nodes, list(names), version)
+        entry = self._full(req, nodes, self._names, self._index, version)
         self._entries[class_key] = entry
         if len(self._entries) > self._max:
             del self._entries[next(iter(self._entries))]
@@ -131,11 +140,13 @@ class FilterCache:
         return entry.result
 
     @staticmethod
-    def _full(req: GpuRequest, nodes: Mapping[str, NodeView], names: list[str], version: int) -> _Entry:
+    def _full(
+        req: GpuRequest, nodes: Mapping[str, NodeView], names: list[str], index: dict[str, int], version: int
+    ) -> _Entry:
         views = list(map(nodes.get, names))
         verdicts = scheduling.filter_nodes(req, views)
         standby_pool = Pool.STANDBY
-        standby = [v is not None and v.pool is standby_pool for v in views]
+        standby = bytearray(v is not None and v.pool is standby_pool for v in views)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -151,7 +162,7 @@ class FilterCache:
         general_passes = sum(1 for v, s in zip(verdicts, standby, strict=True) if v is ok and not s)
         return _Entry(
             names=names,
-            index={n: i for i, n in enumerate(names)},
+            index=index,
             verdicts=verdicts,
             standby=standby,
             general_passes=general_passes,

@@ -281,7 +281,11 @@ async def _server(
     settings = Settings(
         store=StoreSettings(kind="memory"), extender=ExtenderSettings(port=0, reservation_ttl_seconds=300)
     )
-    contexts = [] if args.no_gc_policy else [gcpolicy.cleanup_ctx(gen0_threshold=args.gen0)]
+    contexts = (
+        []
+        if args.no_gc_policy
+        else [gcpolicy.cleanup_ctx(gen0_threshold=args.gen0, gen1_threshold=args.gen1)]
+    )
     app = extserver.create_app(settings, store, extra_contexts=contexts)
     cache = app[extserver.FILTER_CACHE]
     recorded: dict[str, list[float]] = {v: [] for v in (*VERBS, "empty", "filter_full", "filter_incr")}
@@ -486,6 +490,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--gen0", type=int, default=gcpolicy.GEN0_THRESHOLD, help="the GC policy's generation-0 threshold"
+    )
+    parser.add_argument(
+        "--gen1", type=int, default=gcpolicy.GEN1_THRESHOLD, help="the GC policy's generation-1 threshold"
     )
     parser.add_argument(
         "--scale",

@@ -29,11 +29,11 @@ async def test_inventory_is_frozen_once_listed(
 ) -> None:
     await add_node(store, payloads.gpunode("gpu-a"))
     app = server.create_app(
-        make_settings(), store, extra_contexts=[gcpolicy.cleanup_ctx(gen0_threshold=12_345)]
+        make_settings(), store, extra_contexts=[gcpolicy.cleanup_ctx(gen0_threshold=12_345, gen1_threshold=4)]
     )
     await aiohttp_client(app)
     inv = app[server.INVENTORY]
-    await eventually(lambda: inv.ready and gc.get_threshold()[0] == 12_345)
+    await eventually(lambda: inv.ready and gc.get_threshold()[:2] == (12_345, 4))
     view = inv.snapshot().nodes["gpu-a"]
     assert gc.get_freeze_count() > 0
     # Frozen objects sit in the permanent generation, which no collection traverses.
