@@ -14,7 +14,7 @@ aiohttp handler.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -71,6 +71,8 @@ class ExtenderMetrics:
             ["verb", "outcome", "cause"],
             registry=registry,
         )
+        self._decision_children: dict[tuple[str, str, str], Any] = {}
+        """``decisions`` children by labels (outcomes and causes are bounded enums)."""
         self.bad_requests = Counter(
             BAD_REQUESTS,
             "Requests answered 4xx (malformed JSON, wrong types, unknown verb, body too large).",
@@ -89,8 +91,12 @@ class ExtenderMetrics:
 
     def count_decisions(self, verb: str, counts: dict[tuple[str, str], int]) -> None:
         """Add ``{(outcome, cause): n}`` to ``decisions_total`` for ``verb``."""
+        children = self._decision_children
         for (outcome, cause), n in counts.items():
-            self.decisions.labels(verb, outcome, cause).inc(n)
+            child = children.get((verb, outcome, cause))
+            if child is None:  # labels() per call costs more than the increment itself
+                child = children[(verb, outcome, cause)] = self.decisions.labels(verb, outcome, cause)
+            child.inc(n)
 
 
 class InventoryCollector(Collector):

@@ -402,15 +402,16 @@ async def filter_verb(request: web.Request) -> web.Response:
         ck = (_OUTCOME[v.code], v.cause.value)
         counts[ck] = counts.get(ck, 0) + n
     request.app[METRICS].count_decisions("filter", counts)
-    log.debug(
-        "filter",
-        extra=ctx(
-            pod=req.key,
-            passed=len(result.passed),
-            failed=len(result.failed),
-            unresolvable=len(result.unresolvable),
-        ),
-    )
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "filter",
+            extra=ctx(
+                pod=req.key,
+                passed=len(result.passed),
+                failed=len(result.failed),
+                unresolvable=len(result.unresolvable),
+            ),
+        )
     own = _own_claims(req, snap.nodes, names, inv)
     if own:  # the pod's own claim (an interrupted bind of it) never stands in its way
         passed, failed, unresolvable = list(result.passed), dict(result.failed), dict(result.unresolvable)
