@@ -291,6 +291,7 @@ def _group_order(g: DeviceGroup) -> tuple[str, int, bool, str, bool]:
 
 
 _K = TypeVar("_K")
+_S = TypeVar("_S")
 _V = TypeVar("_V")
 _SIGNATURES: dict[tuple[DeviceGroup, ...], int] = {}
 _NEXT_SIGNATURE: Final = itertools.count(1)
@@ -351,7 +352,7 @@ _FITS: dict[FitKey, dict[int, NodeFit]] = {}
 per-node lookup hashes only an int."""
 
 
-def _table(tables: dict[_K, dict[int, _V]], key: _K) -> dict[int, _V]:
+def _table(tables: dict[_K, dict[_S, _V]], key: _K) -> dict[_S, _V]:
     """The per-signature table of ``key`` in ``tables`` (created empty; both levels bounded
     by :data:`_MEMO_LIMIT`)."""
     table = tables.get(key)
@@ -467,34 +468,65 @@ def _check(keys: RequestKeys, node: NodeView) -> Verdict:
     return _check_keyed(keys.for_node(node), keys.count, keys.preemptor, node)
 
 
+_BY_FIT: dict[tuple[FitKey, int, int | None], dict[NodeFit, Verdict]] = {}
+"""Verdicts by (normalised key, count, preemptor) and then by the node's counts for that key:
+nodes whose groups differ in ways this key does not see (other tiers above the one
+asked, other models when any will do) still share one verdict."""
+
+
+class _Lane(NamedTuple):
+    """The memo tables of one normalised key of a request, resolved once per request."""
+
+    key: FitKey
+    verdicts: dict[int, Verdict]
+    fits: dict[int, NodeFit]
+    by_fit: dict[NodeFit, Verdict]
+
+
+def _lane(key: FitKey, count: int, preemptor: int | None) -> _Lane:
+    memo = (key, count, preemptor)
+    return _Lane(key, _table(_VERDICTS, memo), _table(_FITS, key), _table(_BY_FIT, memo))
+
+
+def _lane_verdict(lane: _Lane, count: int, preemptor: int | None, node: NodeView) -> Verdict:
+    """The verdict of ``node`` on ``lane``, through the lane's tables."""
+    sig = node.signature
+    verdict = lane.verdicts.get(sig)
+    if verdict is None:
+        f = lane.fits.get(sig)
+        if f is None:
+            f = lane.fits[sig] = count_groups(lane.key, node.groups)
+        verdict = lane.by_fit.get(f)
+        if verdict is None:
+            verdict = lane.by_fit[f] = _verdict(count, lane.key, f, preemptor)
+        lane.verdicts[sig] = verdict
+    return verdict
+
+
 class Checker:
     """:func:`check_node` of one request, for many general-pool nodes:
     ``Checker(req)(node) -> Verdict``. Resolves the cross-node memo tables of the
     request's three normalised keys once, so each node costs one lookup by signature."""
 
-    __slots__ = ("_closed", "_count", "_exact", "_high", "_open", "_owner", "_preemptor", "_tables")
+    __slots__ = ("_count", "_high", "_lanes", "_owner", "_preemptor")
 
     def __init__(self, req: GpuRequest, keys: RequestKeys | None = None) -> None:
         keys = keys if keys is not None else RequestKeys.of(req)
-        self._open, self._exact, self._closed = keys.open, keys.exact, keys.closed
         self._count, self._preemptor = keys.count, keys.preemptor
         self._high, self._owner = keys.exact.high, keys.exact.owner
-        self._tables = tuple(
-            _table(_VERDICTS, (k, keys.count, keys.preemptor)) for k in (keys.open, keys.exact, keys.closed)
+        self._lanes = tuple(
+            _lane(k, keys.count, keys.preemptor) for k in (keys.open, keys.exact, keys.closed)
         )
 
     def __call__(self, node: NodeView) -> Verdict:
         owners = node.owners
         if not owners or not self._high:
-            key, table = self._open, self._tables[0]
+            lane = self._lanes[0]
         elif self._owner is not None and self._owner in owners:
-            key, table = self._exact, self._tables[1]
+            lane = self._lanes[1]
         else:
-            key, table = self._closed, self._tables[2]
-        verdict = table.get(node.signature)
-        if verdict is None:
-            verdict = table[node.signature] = _verdict(self._count, key, fit(key, node), self._preemptor)
-        return verdict
+            lane = self._lanes[2]
+        return _lane_verdict(lane, self._count, self._preemptor, node)
 
 
 _VERDICTS: dict[tuple[FitKey, int, int | None], dict[int, Verdict]] = {}
@@ -504,11 +536,7 @@ _VERDICTS: dict[tuple[FitKey, int, int | None], dict[int, Verdict]] = {}
 def _check_keyed(key: FitKey, count: int, preemptor: int | None, node: NodeView) -> Verdict:
     """The verdict for ``key`` (already normalised for ``node``), memoised across nodes by
     :attr:`NodeView.signature`."""
-    table = _table(_VERDICTS, (key, count, preemptor))
-    verdict = table.get(node.signature)
-    if verdict is None:
-        verdict = table[node.signature] = _verdict(count, key, fit(key, node), preemptor)
-    return verdict
+    return _lane_verdict(_lane(key, count, preemptor), count, preemptor, node)
 
 
 _INTERNED: dict[tuple[Code, Cause, str], Verdict] = {}
@@ -641,11 +669,12 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
     standby_at: list[int] = []
     general_ok = False
     standby = Pool.STANDBY
-    # Verdicts by node signature, one table per normalised key: nodes alike in their device
-    # groups get one answer (the cross-node memo), and so do later requests of this class.
-    seen_open = _table(_VERDICTS, (open_key, count, preemptor))
-    seen_exact = _table(_VERDICTS, (exact, count, preemptor))
-    seen_closed = _table(_VERDICTS, (closed, count, preemptor))
+    # Verdicts by node signature, one lane of tables per normalised key: nodes alike in
+    # their device groups get one answer (the cross-node memo), and so do later requests.
+    lane_open = _lane(open_key, count, preemptor)
+    lane_exact = _lane(exact, count, preemptor)
+    lane_closed = _lane(closed, count, preemptor)
+    seen_open, seen_exact, seen_closed = lane_open.verdicts, lane_exact.verdicts, lane_closed.verdicts
     for i, node in enumerate(nodes):
         if node is None:
             append(NO_GPUNODE)
@@ -657,14 +686,14 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
         # RequestKeys.for_node, inlined: this loop runs for every candidate node of every request.
         owners = node.owners
         if not owners or not high:
-            key, seen = open_key, seen_open
+            lane, seen = lane_open, seen_open
         elif owner is not None and owner in owners:
-            key, seen = exact, seen_exact
+            lane, seen = lane_exact, seen_exact
         else:
-            key, seen = closed, seen_closed
+            lane, seen = lane_closed, seen_closed
         v = seen.get(node.signature)
         if v is None:
-            v = seen[node.signature] = _verdict(count, key, fit(key, node), preemptor)
+            v = _lane_verdict(lane, count, preemptor, node)
         if v is PASS:
             general_ok = True
         append(v)
