@@ -1,7 +1,7 @@
 """Benchmark the extender at the paper's scale: 1,250 nodes × 8 GPUs, 5,000 running pods.
 
 Usage: ``python hack/bench_extender.py [--cycles 1000] [--nodes 1250] [--pods 5000] [--scale 1250,2500,5000]
-[--profile N] [--no-gc-policy]``
+[--profile N] [--no-gc-policy] [--gen0 N] [--gen1 N]``
 
 A server process (pinned to one CPU) loads the cluster into a ``MemoryStore`` — GPUNodes
 with a mix of GPU types, tiers, tier overrides, ownership tags, unhealthy devices and a
