@@ -26,7 +26,7 @@ import json
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Final, NamedTuple, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 from flexlease.api.pod import GpuRequest, Priority
 from flexlease.api.resources import Pool
@@ -352,9 +352,20 @@ _FITS: dict[FitKey, dict[int, NodeFit]] = {}
 per-node lookup hashes only an int."""
 
 
+_MEMO_BUDGET: Final = 1 << 18
+"""Entries at most in all cross-node memo tables together (about 30 MB): past it, every
+table is emptied at the next request (:func:`_table`), and answers are computed afresh."""
+_MEMO_ENTRIES = [0]
+"""Entries added to the memo tables since they were last emptied (a list: mutable in place)."""
+
+
 def _table(tables: dict[_K, dict[_S, _V]], key: _K) -> dict[_S, _V]:
     """The per-signature table of ``key`` in ``tables`` (created empty; both levels bounded
-    by :data:`_MEMO_LIMIT`)."""
+    by :data:`_MEMO_LIMIT`, all tables together by :data:`_MEMO_BUDGET`)."""
+    if _MEMO_ENTRIES[0] > _MEMO_BUDGET:
+        for family in _MEMO_FAMILIES:
+            family.clear()
+        _MEMO_ENTRIES[0] = 0
     table = tables.get(key)
     if table is None:
         if len(tables) >= _MEMO_LIMIT:
@@ -373,6 +384,7 @@ def fit(key: FitKey, node: NodeView) -> NodeFit:
     result = table.get(node.signature)
     if result is None:
         result = table[node.signature] = count_groups(key, node.groups)
+        _MEMO_ENTRIES[0] += 1
     return result
 
 
@@ -496,10 +508,13 @@ def _lane_verdict(lane: _Lane, count: int, preemptor: int | None, node: NodeView
         f = lane.fits.get(sig)
         if f is None:
             f = lane.fits[sig] = count_groups(lane.key, node.groups)
+            _MEMO_ENTRIES[0] += 1
         verdict = lane.by_fit.get(f)
         if verdict is None:
             verdict = lane.by_fit[f] = _verdict(count, lane.key, f, preemptor)
+            _MEMO_ENTRIES[0] += 1
         lane.verdicts[sig] = verdict
+        _MEMO_ENTRIES[0] += 1
     return verdict
 
 
@@ -833,6 +848,7 @@ class Scorer:
             )
         score = table.get(node.signature)
         if score is None:
+            _MEMO_ENTRIES[0] += 1
             score = table[node.signature] = _compute_score(
                 req, keys, fit(key, node), cached_ckpt=cached_ckpt, cached_image=cached_image
             )
@@ -841,6 +857,7 @@ class Scorer:
 
 _SCORES: dict[tuple[FitKey, int, bool, bool, bool, bool, bool], dict[int, int]] = {}
 """Cross-node memo of scores: what the score reads besides the node → signature → score."""
+_MEMO_FAMILIES: Final[tuple[dict[Any, Any], ...]] = (_FITS, _VERDICTS, _BY_FIT, _SCORES)
 
 
 def _compute_score(

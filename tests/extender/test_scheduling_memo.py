@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -157,3 +158,15 @@ def test_hp_and_lp_pods_on_one_untagged_node_get_their_own_scores() -> None:
     for req in (hp(2), request(2), hp(2, reclaim=True), request(2, reclaim=True)):
         assert scheduling.score_node(req, n) == reference_score(req, n)
     assert scheduling.score_node(hp(2), n) != scheduling.score_node(request(2), n)
+
+
+def test_the_memo_tables_are_emptied_past_their_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduling, "_MEMO_BUDGET", 5)
+    nodes = [node(f"n{i}", held={j: f"x{j}" for j in range(i % 8)}) for i in range(8)]
+    for count in (1, 2, 3):
+        scheduling.filter_nodes(request(count), nodes)  # each request: at most one budget over
+        assert scheduling._MEMO_ENTRIES[0] <= 5 + 3 * len(nodes)
+    assert [v.ok for v in scheduling.filter_nodes(request(2), nodes)] == [
+        scheduling.check_node(request(2), n).ok for n in nodes
+    ]
+    assert sum(len(t) for family in scheduling._MEMO_FAMILIES for t in family.values()) <= 5 + 3 * len(nodes)
