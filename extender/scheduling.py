@@ -352,8 +352,8 @@ _FITS: dict[FitKey, dict[int, NodeFit]] = {}
 per-node lookup hashes only an int."""
 
 
-_MEMO_BUDGET: Final = 1 << 18
-"""Entries at most in all cross-node memo tables together (about 30 MB): past it, every
+_MEMO_BUDGET: Final = 1 << 19
+"""Entries at most in all cross-node memo tables together (about 60 MB): past it, every
 table is emptied at the next request (:func:`_table`), and answers are computed afresh."""
 _MEMO_ENTRIES = [0]
 """Entries added to the memo tables since they were last emptied (a list: mutable in place)."""
