@@ -48,7 +48,7 @@ from extender.orchestrator import dag as dagmod
 from extender.orchestrator import profile as profiles
 from extender.orchestrator import runstatus
 from extender.orchestrator.executors import CriExecutor, Executor, KubeExecutor
-from extender.orchestrator.runner import RetryPolicy, Runner
+from extender.orchestrator.runner import RetryPolicy, Runner, RunResult
 from extender.orchestrator.runstatus import Action, Decision, OrchestrationStatus, RunPhase
 from extender.orchestrator.watch import ReadinessWatch
 from flexlease.api import keys
@@ -254,7 +254,6 @@ class RelaunchController:
         assert decision.status is not None and decision.profile is not None and decision.job is not None
         status = decision.status
         done: set[tuple[str, str]] = set(status.done)
-        dirty = asyncio.Event()
         started = self._clock.now()
         self.metrics.in_progress.inc()
         try:
@@ -272,32 +271,12 @@ class RelaunchController:
                 ref, "OrchestrationResumed" if decision.resumed else "OrchestrationStarted", message
             )
 
-            def on_done(command: str, uid: str) -> None:
-                done.add((command, uid))
-                dirty.set()
-
-            async def record_progress() -> None:
-                while True:
-                    await dirty.wait()
-                    dirty.clear()
-                    await self._write(ref, status.model_copy(update={"done": tuple(sorted(done))}))
-
-            watch = ReadinessWatch(
-                self._store,
-                namespace=decision.job.namespace,
-                owner=decision.job.owner,
-                roles=decision.profile.roles,
+            # its own task: the readiness watch and the progress writer are cancelled when it
+            # ends, and coverage.py 7 on CPython 3.11 stops tracing a coroutine that awaited a
+            # cancelled task that way, so the recording below stays measured in this one
+            result = await asyncio.create_task(
+                self._execute(key, ref, decision, status, done), name=f"{key}/dag"
             )
-            runner = Runner(
-                dagmod.build(decision.profile),
-                executor=self._executor,
-                snapshots=watch,
-                clock=self._clock,
-                policy=self._policy,
-                on_done=on_done,
-            )
-            async with watch.running(), tasks.running(record_progress(), name=f"{key}/progress"):
-                result = await runner.run(decision.job, done=frozenset(done))
             final = status.finished(result, now=self._clock.now_utc())
             await self._write(ref, final)
             outcome = "succeeded" if final.phase is RunPhase.SUCCEEDED else "failed"
@@ -324,6 +303,46 @@ class RelaunchController:
         finally:
             self.metrics.in_progress.dec()
             self._running.pop(key, None)
+
+    async def _execute(
+        self,
+        key: str,
+        ref: ObjectRef,
+        decision: Decision,
+        status: OrchestrationStatus,
+        done: set[tuple[str, str]],
+    ) -> RunResult:
+        """Run the DAG with the job's readiness snapshot, writing each succeeded step into
+        ``done`` and the annotation as it happens."""
+        assert decision.profile is not None and decision.job is not None
+        dirty = asyncio.Event()
+
+        def on_done(command: str, uid: str) -> None:
+            done.add((command, uid))
+            dirty.set()
+
+        async def record_progress() -> None:
+            while True:
+                await dirty.wait()
+                dirty.clear()
+                await self._write(ref, status.model_copy(update={"done": tuple(sorted(done))}))
+
+        watch = ReadinessWatch(
+            self._store,
+            namespace=decision.job.namespace,
+            owner=decision.job.owner,
+            roles=decision.profile.roles,
+        )
+        runner = Runner(
+            dagmod.build(decision.profile),
+            executor=self._executor,
+            snapshots=watch,
+            clock=self._clock,
+            policy=self._policy,
+            on_done=on_done,
+        )
+        async with watch.running(), tasks.running(record_progress(), name=f"{key}/progress"):
+            return await runner.run(decision.job, done=frozenset(done))
 
     # ------------------------------------------------------------------ writes
 

@@ -25,11 +25,13 @@ from extender.orchestrator.snapshot import PodState
 from flexlease.api import keys
 from flexlease.clock import ManualClock
 from flexlease.config import LeaseSettings, OrchestratorSettings, Settings
+from flexlease.errors import StoreError
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 from tests.extender.lease.builders import lease
 from tests.extender.orchestrator import exec_server
 from tests.extender.orchestrator.pods import NS, OWNER, pod
+from tests.store.faults import FaultyStore
 
 JOB = "job"
 
@@ -325,3 +327,78 @@ async def test_wiring_opens_the_configured_executor_and_runs_only_with_one(
         assert (relaunch.RELAUNCH_CONTROLLER in app) is expect
         with contextlib.suppress(StopAsyncIteration):
             await gen.__anext__()
+
+
+async def test_status_writes_are_retried_and_a_run_stopped_by_the_store_resumes(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    await ray_job(store)
+    faulty = FaultyStore(store)
+    # the first annotation write fails twice (retried), later the final write fails for good
+    faulty.fail(
+        "patch", kind=Kind.GPULEASE, match="Running", times=2, error=lambda: StoreError("etcd timeout")
+    )
+    final = faulty.fail(
+        "patch", kind=Kind.GPULEASE, match="Succeeded", times=5, error=lambda: StoreError("down")
+    )
+    executor = RecordingExecutor()
+    registry = CollectorRegistry()
+    controller = RelaunchController(
+        settings(),
+        faulty,
+        executor=executor,
+        registry=registry,
+        clock=clock,
+        instance="t",  # type: ignore[arg-type]
+    )
+    task = asyncio.create_task(controller.run(), name="relaunch-faulty")
+    try:
+        await until(lambda: _true(controller.ready))
+        await done_lease(store)
+
+        async def five_final_tries() -> bool:
+            await clock.advance(1)
+            return final.fired == 5 and not controller.running
+
+        await until(five_final_tries)
+        status = await status_of(store)
+        assert status.phase is RunPhase.RUNNING and len(status.done) == 3  # progress was recorded
+        assert len(executor.calls) == 3
+        # the store is back: the requeued run resumes, repeats nothing and records the outcome
+        await clock.advance(settings().lease.retry_max_seconds)
+        await until(_phase_is(store, RunPhase.SUCCEEDED))
+        assert len(executor.calls) == 3 and (await status_of(store)).starts == 2
+        with pytest.raises(ValueError, match="unknown work-queue key"):
+            await controller.reconcile("sts/x/y")
+        await controller.reconcile(f"lease/{NS}/no-such-lease")  # gone: nothing to do
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_with_leader_election_only_the_leader_runs(store: MemoryStore, clock: ManualClock) -> None:
+    conf = Settings(
+        lease=LeaseSettings(leader_election=True, leader_lease_seconds=1.5, resync_seconds=3600),
+        orchestrator=OrchestratorSettings(max_attempts=1),
+    )
+    await ray_job(store)
+    a_exec, b_exec = RecordingExecutor(), RecordingExecutor()
+    a = RelaunchController(
+        conf, store, executor=a_exec, registry=CollectorRegistry(), clock=clock, instance="a"
+    )
+    b = RelaunchController(
+        conf, store, executor=b_exec, registry=CollectorRegistry(), clock=clock, instance="b"
+    )
+    task_a = asyncio.create_task(relaunch.serve(a, conf, store=store, instance="a"), name="serve-a")
+    await until(lambda: _true(a.ready))
+    task_b = asyncio.create_task(relaunch.serve(b, conf, store=store, instance="b"), name="serve-b")
+    try:
+        await done_lease(store)
+        await until(_phase_is(store, RunPhase.SUCCEEDED))
+        assert len(a_exec.calls) == 3 and not b_exec.calls and not b.ready
+    finally:
+        for task in (task_a, task_b):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
