@@ -288,8 +288,7 @@ class MemoryStore:
         """Commit one revision: ``obj`` (the new state; for DELETED the last one) gets the
         next resourceVersion. Validates (encodes) before touching any state."""
         revision = self._revision + 1
-        text = semantics.encode(kind, semantics.stamp(obj, revision))
-        stored = semantics.decode(text)  # our own copy, sharing nothing with the caller
+        text, stored = semantics.encode_copy(kind, semantics.stamp(obj, revision))  # our own copy
         self._revision = revision
         self._kind_revision[kind] = revision
         if change is EventType.DELETED:

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+import orjson
+
 from flexlease.api import keys
 from flexlease.clock import format_time
 from flexlease.errors import Conflict, StoreError, TooManyRequests
@@ -69,16 +71,46 @@ ObjectKey = tuple[str, str]
 
 def encode(kind: Kind, obj: JsonObj) -> str:
     """Compact JSON text of ``obj``. Raises ``StoreError`` (400) when it is not JSON (a
-    value of another type, NaN or infinity)."""
+    value of another type, NaN or infinity). See :func:`encode_copy`."""
+    return encode_copy(kind, obj)[0]
+
+
+def encode_copy(kind: Kind, obj: JsonObj) -> tuple[str, JsonObj]:
+    """Compact JSON text of ``obj`` and a fresh copy decoded from it (what :func:`decode`
+    of the text returns). Raises ``StoreError`` (400) when it is not JSON (a value of another
+    type, NaN or infinity) or holds an integer beyond 64 bits.
+
+    orjson encodes first (several times faster than :mod:`json`); an object it refuses or
+    does not read back equal (NaN and infinity become ``null``, tuples lists, datetimes
+    strings; non-``str`` keys are refused) goes through ``json.dumps(allow_nan=False)``, so
+    what is accepted, and how, is :mod:`json`'s. Its text must read back the same through
+    :func:`decode`: orjson reads an integer beyond 64 bits as a float, so such a number is
+    refused (the Kubernetes API server does not keep it as an integer either)."""
     try:
-        return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+        raw = orjson.dumps(obj)
+    except TypeError:
+        pass
+    else:
+        copy: JsonObj = orjson.loads(raw)
+        if copy == obj:
+            return raw.decode(), copy
+    try:
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise bad_request(f"{kind}: object is not JSON: {exc}") from exc
+    copy = decode(text)
+    if json.dumps(copy, separators=(",", ":")) != text:  # 2**64 == float(2**64): compare texts
+        raise bad_request(f"{kind}: object holds an integer beyond 64 bits")
+    return text, copy
 
 
 def decode(text: str) -> JsonObj:
-    """A fresh dict from stored JSON text."""
-    obj: JsonObj = json.loads(text)
+    """A fresh dict from stored JSON text (orjson; :mod:`json` for what orjson refuses, such
+    as a lone surrogate escape)."""
+    try:
+        obj: JsonObj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        obj = json.loads(text)
     return obj
 
 

@@ -161,3 +161,36 @@ def test_pod_update_rules() -> None:
         assert info.value.status == 422
     with pytest.raises(StoreError):
         semantics.check_pod_update(with_tol, spec)  # removing one
+
+
+@pytest.mark.parametrize(
+    ("obj", "stored"),
+    [
+        ({"a": [1, 2.5, "é", None, True]}, {"a": [1, 2.5, "é", None, True]}),  # orjson's path
+        ({"a": (1, 2)}, {"a": [1, 2]}),  # json's path: a tuple does not read back equal
+        ({"a": {1: "x"}}, {"a": {"1": "x"}}),  # json's path: orjson refuses non-str keys
+        ({"a": "\ud800"}, {"a": "\ud800"}),  # json's path: a lone surrogate orjson refuses
+        ({"a": 2**63 - 1, "b": -(2**63)}, {"a": 2**63 - 1, "b": -(2**63)}),
+    ],
+)
+def test_encode_copy_reads_back_through_decode(obj: dict[str, object], stored: dict[str, object]) -> None:
+    text, copy = semantics.encode_copy(Kind.POD, obj)
+    assert copy == stored and semantics.decode(text) == stored
+    assert semantics.encode(Kind.POD, obj) == text
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        float("nan"),
+        float("inf"),
+        object(),
+        2**64,
+        -(2**64) - 1,
+        {"when": __import__("datetime").date.today()},
+    ],
+)
+def test_encode_refuses_what_is_not_json_or_would_not_read_back(value: object) -> None:
+    with pytest.raises(StoreError) as info:
+        semantics.encode_copy(Kind.POD, {"a": value})
+    assert info.value.status == 400
