@@ -55,7 +55,7 @@ from extender.lease.planner import EventType, LeasePlan, TagChange
 from extender.lease.view import (
     ClusterView,
     Holder,
-    assemble,
+    IncrementalView,
     read_holder,
     salvaged_holder,
 )
@@ -137,6 +137,8 @@ class LeaseController:
         self._parsed_nodes: dict[str, tuple[str, GPUNode | None]] = {}
         self._parsed_pods: dict[str, tuple[str, Holder | None, str | None]] = {}
         self._parsed_lease_cache: dict[str, tuple[str, GPULease | None]] = {}
+        self._cluster = IncrementalView()
+        """GPUNodes and pods holding GPUs, fed from the mirrors' changes (:meth:`view`)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -250,58 +252,52 @@ class LeaseController:
 
     # ------------------------------------------------------------------ reading
 
-    def _gpunodes(self) -> list[GPUNode]:
-        out: list[GPUNode] = []
-        seen: set[str] = set()
-        for obj in self._nodes.values():
-            meta = _meta(obj)
-            name = str(meta.get("name") or "")
-            version = str(meta.get("resourceVersion") or "")
-            seen.add(name)
-            cached = self._parsed_nodes.get(name)
-            if cached is None or cached[0] != version:
-                try:
-                    node: GPUNode | None = parse_gpunode(obj)
-                except ValidationError as exc:
-                    log.warning("GPUNode skipped: invalid", extra=ctx(node=name, error=str(exc)))
-                    node = None
-                cached = (version, node)
-                self._parsed_nodes[name] = cached
-            if cached[1] is not None:
-                out.append(cached[1])
-        for name in set(self._parsed_nodes) - seen:
-            del self._parsed_nodes[name]
-        return out
+    def _gpunode(self, name: str, obj: JsonObj | None) -> GPUNode | None:
+        """The GPUNode ``obj`` parsed (memoised per resourceVersion); None when gone or
+        invalid (logged)."""
+        if obj is None:
+            self._parsed_nodes.pop(name, None)
+            return None
+        version = str(_meta(obj).get("resourceVersion") or "")
+        cached = self._parsed_nodes.get(name)
+        if cached is None or cached[0] != version:
+            try:
+                node: GPUNode | None = parse_gpunode(obj)
+            except ValidationError as exc:
+                log.warning("GPUNode skipped: invalid", extra=ctx(node=name, error=str(exc)))
+                node = None
+            cached = (version, node)
+            self._parsed_nodes[name] = cached
+        return cached[1]
 
-    def _holders(self) -> tuple[list[Holder], list[str]]:
-        holders: list[Holder] = []
-        problems: list[str] = []
-        seen: set[str] = set()
-        for obj in self._pods.values():
-            meta = _meta(obj)
-            key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
-            version = str(meta.get("resourceVersion") or "")
-            seen.add(key)
-            cached = self._parsed_pods.get(key)
-            if cached is None or cached[0] != version:
-                try:
-                    cached = (version, read_holder(obj, self._resource, critical=self._critical), None)
-                except PodSpecError as exc:
-                    problem = f"pod {key} malformed, kept only as holder of its GPUs: {exc}"
-                    cached = (version, salvaged_holder(obj), problem)
-                self._parsed_pods[key] = cached
-            if cached[1] is not None:
-                holders.append(cached[1])
-            if cached[2] is not None:
-                problems.append(cached[2])
-        for key in set(self._parsed_pods) - seen:
-            del self._parsed_pods[key]
-        return holders, problems
+    def _holder(self, key: str, obj: JsonObj | None) -> tuple[Holder | None, str | None]:
+        """The pod ``obj`` as a holder of GPUs and its problem line (memoised per
+        resourceVersion); (None, None) when gone or holding nothing."""
+        if obj is None:
+            self._parsed_pods.pop(key, None)
+            return None, None
+        version = str(_meta(obj).get("resourceVersion") or "")
+        cached = self._parsed_pods.get(key)
+        if cached is None or cached[0] != version:
+            try:
+                cached = (version, read_holder(obj, self._resource, critical=self._critical), None)
+            except PodSpecError as exc:
+                problem = f"pod {key} malformed, kept only as holder of its GPUs: {exc}"
+                cached = (version, salvaged_holder(obj), problem)
+            self._parsed_pods[key] = cached
+        return cached[1], cached[2]
 
     def view(self) -> ClusterView:
-        """The cluster as the mirrors hold it now (parsing only objects that changed)."""
-        holders, problems = self._holders()
-        view = assemble(self._gpunodes(), holders, problems=problems)
+        """The cluster as the mirrors hold it now: the objects delivered or written since the
+        last view are parsed (unless their resourceVersion was parsed before) and only their
+        nodes rebuilt (:class:`~extender.lease.view.IncrementalView`)."""
+        for namespace, name in sorted(self._nodes.take_changed()):
+            self._cluster.set_node(name, self._gpunode(name, self._nodes.current(namespace or None, name)))
+        for namespace, name in sorted(self._pods.take_changed()):
+            key = f"{namespace}/{name}"
+            holder, problem = self._holder(key, self._pods.current(namespace, name))
+            self._cluster.set_pod(key, holder, problem=problem)
+        view = self._cluster.view()
         for problem in view.problems:
             log.debug("view: %s", problem)
         return view

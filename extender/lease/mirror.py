@@ -34,6 +34,7 @@ class Mirror:
         self._on_change = on_change
         self._informer = Informer(store, kind, handler=self._deliver, name=f"lease-informer-{kind.value}")
         self._written: dict[tuple[str, str], JsonObj] = {}
+        self._changed: set[tuple[str, str]] = set()
 
     @property
     def listed(self) -> asyncio.Event:
@@ -49,6 +50,22 @@ class Mirror:
         seen = self._informer.get(name, namespace=namespace)
         written = self._written.get((namespace or "", name))
         return written if written is not None and _version(written) > _version(seen) else seen
+
+    def current(self, namespace: str | None, name: str) -> JsonObj | None:
+        """One object as :meth:`values` has it: None until the watch has delivered it (or
+        once it delivered its deletion), else the newer of that and the controller's own
+        write. Treat it as read-only."""
+        seen = self._informer.get(name, namespace=namespace)
+        if seen is None:
+            return None
+        written = self._written.get((namespace or "", name))
+        return written if written is not None and _version(written) > _version(seen) else seen
+
+    def take_changed(self) -> set[tuple[str, str]]:
+        """Keys ``(namespace or "", name)`` of the objects delivered or written since the last
+        call (their :meth:`current` state may differ from what the caller last read)."""
+        changed, self._changed = self._changed, set()
+        return changed
 
     def values(self) -> list[JsonObj]:
         """The newest known state of every object. Treat them as read-only."""
@@ -66,6 +83,7 @@ class Mirror:
             _version(self._written.get(key)), _version(self._informer.get(key[1], namespace=key[0]))
         ):
             self._written[key] = obj
+            self._changed.add(key)
 
     async def _deliver(self, event: WatchEvent) -> None:
         key = object_key(event.object)
@@ -74,4 +92,5 @@ class Mirror:
             event.type is EventType.DELETED or _version(event.object) >= _version(written)
         ):
             del self._written[key]
+        self._changed.add(key)
         self._on_change(event.type, event.object)

@@ -9,8 +9,9 @@ Pure; no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from bisect import insort
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -92,17 +93,27 @@ class Gpu:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterView:
     """GPUs by key, GPUNode pools and resourceVersions by node name, pods holding GPUs by
-    ``<ns>/<name>``, and ``problems``: one line per object that could not be read (skipped)."""
+    ``<ns>/<name>``, and ``problems``: one line per object that could not be read (skipped).
+    ``by_node``: each node's GPUs ordered by index, derived from ``gpus`` when not given."""
 
     gpus: Mapping[DeviceKey, Gpu]
     pools: Mapping[str, Pool]
     node_versions: Mapping[str, str]
     holders: Mapping[str, Holder]
     problems: tuple[str, ...] = ()
+    by_node: Mapping[str, tuple[Gpu, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.gpus and not self.by_node:
+            index: dict[str, list[Gpu]] = {}
+            for gpu in self.gpus.values():
+                index.setdefault(gpu.key.node, []).append(gpu)
+            by_node = {n: tuple(sorted(gs, key=lambda g: g.key.index)) for n, gs in index.items()}
+            object.__setattr__(self, "by_node", by_node)
 
     def node_gpus(self, node: str) -> list[Gpu]:
         """The node's GPUs ordered by index (empty when the GPUNode is unknown)."""
-        return sorted((g for g in self.gpus.values() if g.key.node == node), key=lambda g: g.key.index)
+        return list(self.by_node.get(node, ()))
 
     def tagged(self, owner: str) -> list[Gpu]:
         """GPUs tagged with ``owner``, ordered by key."""
@@ -225,19 +236,35 @@ def assemble(
     for node in nodes:
         pools[node.name] = node.spec.pool
         versions[node.name] = node.metadata.resource_version or ""
-        indices: set[str] = set(node.status.devices) | {
-            i for i, spec in node.spec.devices.items() if spec.owner is not None
-        }
-        for raw in indices:
-            try:
-                index = int(raw)
-            except ValueError:
-                problems.append(f"GPUNode {node.name}: device key {raw!r} is not an index")
-                continue
-            status = node.status.devices.get(raw)
-            spec = node.spec.devices.get(raw)
-            key = DeviceKey(node.name, index)
-            gpus[key] = Gpu(
+        node_gpus, node_problems = node_entries(node, by_device.get)
+        gpus.update((g.key, g) for g in node_gpus)
+        problems.extend(node_problems)
+    return ClusterView(
+        gpus=gpus, pools=pools, node_versions=versions, holders=by_key, problems=tuple(problems)
+    )
+
+
+def node_entries(
+    node: GPUNode, holder_of: Callable[[DeviceKey], Holder | None]
+) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
+    """One GPUNode's devices as :class:`Gpu` s ordered by index (``holder_of``: the pod that
+    holds a device, or None), and one problem line per device key that is not an index."""
+    problems: list[str] = []
+    indices: set[str] = set(node.status.devices) | {
+        i for i, spec in node.spec.devices.items() if spec.owner is not None
+    }
+    out: list[Gpu] = []
+    for raw in sorted(indices):
+        try:
+            index = int(raw)
+        except ValueError:
+            problems.append(f"GPUNode {node.name}: device key {raw!r} is not an index")
+            continue
+        status = node.status.devices.get(raw)
+        spec = node.spec.devices.get(raw)
+        key = DeviceKey(node.name, index)
+        out.append(
+            Gpu(
                 key=key,
                 pool=node.spec.pool,
                 model=status.model if status is not None else None,
@@ -245,8 +272,130 @@ def assemble(
                 health=status.health if status is not None else None,
                 owner=spec.owner if spec is not None else None,
                 leased_at=spec.leased_at if spec is not None else None,
-                holder=by_device.get(key),
+                holder=holder_of(key),
             )
-    return ClusterView(
-        gpus=gpus, pools=pools, node_versions=versions, holders=by_key, problems=tuple(problems)
-    )
+        )
+    out.sort(key=lambda g: g.key.index)
+    return tuple(out), tuple(problems)
+
+
+class IncrementalView:
+    """The :func:`assemble` view kept up to date one object at a time: give it each GPUNode
+    and each pod's :class:`Holder` as they change (:meth:`set_node`, :meth:`set_pod`), and
+    :meth:`view` rebuilds only the nodes whose GPUNode, or the holder of one of whose
+    devices, changed since the last view (a reconcile after one bind rebuilds one node, not
+    the cluster). Pure; no I/O.
+
+    :meth:`view` equals ``assemble(nodes ordered by name, holders ordered by pod key,
+    problems=pod problems ordered by pod key)`` of what it was given
+    (``tests/extender/lease/test_view.py`` checks it under random sequences of changes).
+    Pods are keyed by ``<namespace>/<name>`` (:attr:`Holder.key`); two pods never share one.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, GPUNode] = {}
+        self._pods: dict[str, tuple[Holder | None, str | None]] = {}
+        self._holders: dict[str, Holder] = {}
+        self._problems: dict[str, str] = {}
+        self._claims: dict[DeviceKey, list[str]] = {}
+        """Device → keys of the holders claiming it, sorted: the first holds it (as in assemble)."""
+        self._by_node: dict[str, tuple[Gpu, ...]] = {}
+        self._node_problems: dict[str, tuple[str, ...]] = {}
+        self._gpus: dict[DeviceKey, Gpu] = {}
+        self._dirty: set[str] = set()
+        self._view: ClusterView | None = None
+
+    def set_node(self, name: str, node: GPUNode | None) -> None:
+        """The GPUNode ``name`` as it is now (None: gone or unreadable)."""
+        if node is None:
+            if self._nodes.pop(name, None) is None:
+                return
+        elif self._nodes.get(name) is node:
+            return
+        else:
+            self._nodes[name] = node
+        self._dirty.add(name)
+        self._view = None
+
+    def set_pod(self, key: str, holder: Holder | None, *, problem: str | None = None) -> None:
+        """The pod ``key`` (``<namespace>/<name>``) as it is now: the GPUs it holds (None:
+        none, or gone) and the problem line when it was malformed."""
+        old = self._pods.get(key)
+        if old is not None and old[0] is holder and old[1] == problem:
+            return
+        if old is not None and old[0] is not None:
+            self._holders.pop(old[0].key, None)
+            for device in old[0].devices:
+                claims = self._claims[device]
+                claims.remove(old[0].key)
+                if not claims:
+                    del self._claims[device]
+                self._dirty.add(device.node)
+        self._problems.pop(key, None)
+        if holder is None and problem is None:
+            self._pods.pop(key, None)
+        else:
+            self._pods[key] = (holder, problem)
+        if problem is not None:
+            self._problems[key] = problem
+        if holder is not None:
+            self._holders[holder.key] = holder
+            for device in holder.devices:
+                insort(self._claims.setdefault(device, []), holder.key)
+                self._dirty.add(device.node)
+        self._view = None
+
+    def view(self) -> ClusterView:
+        """The view now (the same object while nothing changed)."""
+        if self._view is not None:
+            return self._view
+        holders = self._holders
+
+        def holder_of(device: DeviceKey) -> Holder | None:
+            claims = self._claims.get(device)
+            return holders[claims[0]] if claims else None
+
+        for name in self._dirty:
+            for gpu in self._by_node.pop(name, ()):
+                del self._gpus[gpu.key]
+            self._node_problems.pop(name, None)
+            node = self._nodes.get(name)
+            if node is None:
+                continue
+            gpus, node_problems = node_entries(node, holder_of)
+            self._by_node[name] = gpus
+            self._gpus.update((g.key, g) for g in gpus)
+            if node_problems:
+                self._node_problems[name] = node_problems
+        self._dirty.clear()
+        problems = [self._problems[k] for k in sorted(self._problems)]
+        problems.extend(self._clashes())
+        for name in sorted(self._node_problems):
+            problems.extend(self._node_problems[name])
+        names = sorted(self._nodes)
+        self._view = ClusterView(
+            gpus=dict(self._gpus),
+            pools={n: self._nodes[n].spec.pool for n in names},
+            node_versions={n: self._nodes[n].metadata.resource_version or "" for n in names},
+            holders=dict(holders),
+            problems=tuple(problems),
+            by_node=dict(self._by_node),
+        )
+        return self._view
+
+    def _clashes(self) -> list[str]:
+        """:func:`assemble`'s lines for devices claimed twice, in its order."""
+        clashing = {d for d, claims in self._claims.items() if len(claims) > 1}
+        if not clashing:
+            return []
+        out: list[str] = []
+        first: dict[DeviceKey, str] = {}
+        for pod_key in sorted({k for d in clashing for k in self._claims[d]}):
+            for device in self._holders[pod_key].devices:
+                if device not in clashing:
+                    continue
+                if device in first:
+                    out.append(f"{device} is claimed by {first[device]} and {pod_key}")
+                    continue
+                first[device] = pod_key
+        return out

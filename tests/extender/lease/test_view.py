@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from extender.lease.view import build_view, parse_time, read_holder
+from extender.lease.view import (
+    ClusterView,
+    Holder,
+    IncrementalView,
+    assemble,
+    build_view,
+    parse_time,
+    read_holder,
+)
 from flexlease.api import keys
 from flexlease.api.pod import Priority
 from flexlease.api.resources import DeviceKey, Health, Pool, parse_gpunode
@@ -82,3 +93,101 @@ def test_read_holder_marks_critical_roles() -> None:
     custom = {"mine": frozenset({"launcher"})}
     assert holder({role: "launcher", fw: "mine"}, custom)
     assert not holder({role: "head", fw: "ray"}, custom)
+
+
+# ---------------------------------------------------------------------------- IncrementalView
+
+NODES = ("n0", "n1", "n2")
+PODS = ("lp/a", "lp/b", "lp/c", "online/d")
+
+
+def _node(name: str, version: int, tiers: list[str], tags: dict[int, str], pool: str, bad: bool) -> Any:
+    obj = gpunode(name, tiers, count=len(tiers), tags=tags, pool=pool)
+    obj["metadata"]["resourceVersion"] = str(version)
+    if bad:
+        obj["status"]["devices"]["x"] = obj["status"]["devices"]["0"]  # not an index: a problem
+    return parse_gpunode(obj)
+
+
+_nodes = st.builds(
+    _node,
+    st.sampled_from(NODES),
+    st.integers(1, 1000),
+    st.lists(st.sampled_from(["HA", "MA", "LA"]), min_size=1, max_size=4),
+    st.dictionaries(st.integers(0, 5), st.sampled_from(["online/d", "other/x"]), max_size=2),
+    st.sampled_from(["general", "standby"]),
+    st.booleans(),
+)
+_devices = st.lists(
+    st.builds(DeviceKey, st.sampled_from(NODES), st.integers(0, 4)), min_size=0, max_size=3
+).map(tuple)
+
+
+def _holder(key: str, devices: tuple[DeviceKey, ...], high: bool, version: int) -> Holder:
+    namespace, name = key.split("/")
+    return Holder(
+        namespace=namespace,
+        name=name,
+        uid=f"uid-{name}",
+        owner="online/d" if namespace == "online" else None,
+        priority=Priority.HIGH if high else Priority.LOW,
+        deadline=None,
+        resource_version=str(version),
+        devices=devices,
+    )
+
+
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("node"), st.sampled_from(NODES), st.one_of(st.none(), _nodes)),
+        st.tuples(
+            st.just("pod"),
+            st.sampled_from(PODS),
+            st.one_of(st.none(), st.tuples(_devices, st.booleans(), st.integers(1, 1000))),
+            st.one_of(st.none(), st.just("malformed")),
+        ),
+        st.tuples(st.just("view")),
+    ),
+    max_size=40,
+)
+
+
+def _from_scratch(nodes: dict[str, Any], pods: dict[str, tuple[Holder | None, str | None]]) -> ClusterView:
+    holders = [h for k in sorted(pods) if (h := pods[k][0]) is not None]
+    problems = [p for k in sorted(pods) if (p := pods[k][1]) is not None]
+    return assemble([nodes[n] for n in sorted(nodes)], holders, problems=problems)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ops)
+def test_the_incremental_view_equals_a_rebuild_from_scratch(ops: list[tuple[Any, ...]]) -> None:
+    """After any sequence of GPUNode and pod changes (added, changed, gone, malformed, two
+    pods claiming one device), the incremental view equals assemble() over the same objects,
+    including the per-node index, and it is one object until something changes."""
+    inc = IncrementalView()
+    nodes: dict[str, Any] = {}
+    pods: dict[str, tuple[Holder | None, str | None]] = {}
+    for op in [*ops, ("view",)]:
+        if op[0] == "node":
+            _, name, node = op
+            if node is not None:
+                node = parse_gpunode({**node.to_json_obj(), "metadata": {"name": name}})  # named as set
+                nodes[name] = node
+            else:
+                nodes.pop(name, None)
+            inc.set_node(name, node)
+        elif op[0] == "pod":
+            _, key, held, problem = op
+            holder = None if held is None else _holder(key, *held)
+            if holder is None and problem is None:
+                pods.pop(key, None)
+            else:
+                pods[key] = (holder, problem)
+            inc.set_pod(key, holder, problem=problem)
+        else:
+            view = inc.view()
+            expected = _from_scratch(nodes, pods)
+            assert view == expected
+            assert view.by_node == expected.by_node
+            assert all(view.node_gpus(n) == expected.node_gpus(n) for n in NODES)
+            assert inc.view() is view
