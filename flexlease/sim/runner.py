@@ -17,13 +17,17 @@ import importlib
 import itertools
 import json
 import logging
+import multiprocessing
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 import aiohttp
+import uvloop
 
+import flexlease.logging
 from flexlease.clock import ManualClock
 from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StoreSettings
 from flexlease.logging import ctx
@@ -38,6 +42,10 @@ log = logging.getLogger(__name__)
 HOST_MODULE: Final = "extender.simhost"
 """Module with ``hosted(settings, store, clock)``: the extender served in this process."""
 STATE_FILE: Final = "state.json"
+HISTORY_REVISIONS: Final = 20_000
+"""Changes the store keeps for its watches. Every settle lets the watches catch up, so they
+lag only by the writes of one uninterrupted burst (a tick's arrivals, a tier refresh: a few
+hundred); a longer history only grows the heap the garbage collector traverses."""
 
 
 class Hosted(Protocol):
@@ -105,7 +113,7 @@ async def run_policy(
     and the partial results. ``keep_state``: write every object left in the store to
     ``<out>/<policy>/state.json`` (Pods, GPUNodes, GPULeases, Events)."""
     clock = ManualClock(driver.EPOCH)
-    store = MemoryStore(clock=clock, uids=uid_source(policy), history_revisions=200_000)
+    store = MemoryStore(clock=clock, uids=uid_source(policy), history_revisions=HISTORY_REVISIONS)
     factory = host or load_host()
     try:
         async with factory(sim_settings(scenario, policy), store, clock) as ext, _session() as session:
@@ -155,17 +163,41 @@ async def run_all(
     *,
     host: HostFactory | None = None,
     keep_state: bool = False,
+    jobs: int = 1,
+    log_level: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Build the shared inputs and run every policy in turn; returns the full report (the
-    same for the same scenario, byte for byte once written) and the wall-clock timings."""
+    """Build the shared inputs and run every policy; returns the full report (the same for
+    the same scenario, byte for byte once written, however it ran) and the wall-clock timings.
+
+    ``jobs``: policies run at once, each in its own process (:func:`run_policy_process`,
+    started with ``spawn``; ``log_level`` configures its logging); 1 (the default, and always
+    with ``host``) runs them in turn in this process. The policies share nothing but the
+    inputs, which each process builds again from the scenario (:func:`driver.build_world` is
+    a pure function of it), so the report does not depend on ``jobs``."""
     started = time.perf_counter()
     world = driver.build_world(scenario)
     sections: dict[str, Any] = {}
     timings: dict[str, Any] = {}
-    for policy in policies:
-        sections[policy.value], timings[policy.value] = await run_policy(
-            scenario, policy, world=world, out=out, host=host, keep_state=keep_state
-        )
+    workers = min(jobs, len(policies))
+    if workers > 1 and host is None:
+        loop = asyncio.get_running_loop()
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            results = await asyncio.gather(
+                *(
+                    loop.run_in_executor(
+                        pool, run_policy_process, scenario, policy, out, keep_state, log_level
+                    )
+                    for policy in policies
+                )
+            )
+        for policy, (section, timing) in zip(policies, results, strict=True):
+            sections[policy.value], timings[policy.value] = section, timing
+    else:
+        for policy in policies:
+            sections[policy.value], timings[policy.value] = await run_policy(
+                scenario, policy, world=world, out=out, host=host, keep_state=keep_state
+            )
     report = {
         "scenario": scenario_dict(scenario),
         "inputs": {
@@ -179,6 +211,33 @@ async def run_all(
     }
     timings["wall_s"] = round(time.perf_counter() - started, 1)
     return report, timings
+
+
+_WORLDS: dict[Scenario, driver.World] = {}
+"""A worker process's inputs, built once per scenario (a worker may run several policies)."""
+
+
+def run_policy_process(
+    scenario: Scenario, policy: Policy, out: Path, keep_state: bool, log_level: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`run_policy` in a worker process of :func:`run_all`, on uvloop's event loop (as
+    the extender serves), with the inputs built here; returns what it returns. ``log_level``:
+    set up this process's logging as ``python -m flexlease.sim`` does (None: leave it)."""
+    if log_level is not None:
+        quiet_logging(log_level)
+    world = _WORLDS.get(scenario)
+    if world is None:
+        world = _WORLDS[scenario] = driver.build_world(scenario)
+    return uvloop.run(run_policy(scenario, policy, world=world, out=out, keep_state=keep_state))
+
+
+def quiet_logging(level: str) -> None:
+    """Logging of a simulation run: text lines at ``level`` on stderr; the hosted extender's
+    per-call lines (access log, binds, lease steps) only from WARNING up (they are noise at
+    the simulator's scale; the report counts what matters)."""
+    flexlease.logging.setup(level, "text")
+    for name in ("aiohttp.access", "extender"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def failure_figures(world: driver.World, scenario: Scenario) -> dict[str, Any]:
