@@ -85,9 +85,10 @@ async def test_a_missing_lease_controller_is_reported_not_waited_for(tmp_path: P
     assert not (tmp_path / "out" / "ror" / "state.json").exists()  # only with keep_state
 
 
-def _cli_run(out: Path, data: Path, hash_seed: str) -> bytes:
+def _cli_run(out: Path, data: Path, hash_seed: str, jobs: int) -> bytes:
     env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-    args = ["--nodes", "6", "--standby-nodes", "2", "--days", "1", "--seed", "5", "--policy", "ror"]
+    args = ["--nodes", "6", "--standby-nodes", "2", "--days", "1", "--seed", "5", "--policy", "both"]
+    args += ["--jobs", str(jobs)]
     models = "NVIDIA H20:0.67,NVIDIA H100 80GB HBM3:0.33"
     where = ["--out", str(out), "--data", str(data), "--log-level", "WARNING"]
     subprocess.run(
@@ -102,11 +103,13 @@ def _cli_run(out: Path, data: Path, hash_seed: str) -> bytes:
 
 def test_same_seed_and_arguments_give_a_byte_identical_report(tmp_path: Path) -> None:
     """Two processes with different string hashing (set and dict orders differ) write the
-    same report.json for a right-of-return run on a mixed H20/H100 cluster."""
-    first = _cli_run(tmp_path / "a", tmp_path / "none", "1")
-    second = _cli_run(tmp_path / "b", tmp_path / "none", "2")
+    same report.json for right-of-return and plain leasing on a mixed H20/H100 cluster, one
+    running the policies in turn, the other in two worker processes (``--jobs 2``)."""
+    first = _cli_run(tmp_path / "a", tmp_path / "none", "1", jobs=1)
+    second = _cli_run(tmp_path / "b", tmp_path / "none", "2", jobs=2)
     assert first == second
     report = json.loads(first)
+    assert set(report["policies"]) == {"ror", "plain"}
     section = report["policies"]["ror"]
     assert section["invariants"]["total"] == 0
     assert section["reclaim"]["cycles"] >= 1
