@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import gc
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from extender import gcpolicy
 from extender import main as extender_main
 from extender.lease import controller as lease_controller
 from extender.orchestrator import profile as profiles
@@ -149,7 +151,25 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
         else:
             raise NotQuiescent("the extender did not list its watches")
         await host.settle()
-        yield host
+        with collector_policy():
+            yield host
     finally:
         stop.set()
         await serving
+
+
+@contextlib.contextmanager
+def collector_policy() -> Iterator[None]:
+    """The extender's garbage-collector policy (:func:`extender.gcpolicy.freeze`: collect,
+    freeze what is alive, raise the young threshold) for the body, applied once the hosted
+    extender has listed: the simulation's inputs and the listed state stay out of every
+    later collection. On exit the frozen objects go back to the collector (a later run's
+    collections free what this one left in reference cycles) and the thresholds are restored.
+    Process-wide, like the policy itself."""
+    thresholds = gc.get_threshold()
+    gcpolicy.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)

@@ -42,10 +42,11 @@ log = logging.getLogger(__name__)
 HOST_MODULE: Final = "extender.simhost"
 """Module with ``hosted(settings, store, clock)``: the extender served in this process."""
 STATE_FILE: Final = "state.json"
-HISTORY_REVISIONS: Final = 20_000
+HISTORY_REVISIONS: Final = 5_000
 """Changes the store keeps for its watches. Every settle lets the watches catch up, so they
-lag only by the writes of one uninterrupted burst (a tick's arrivals, a tier refresh: a few
-hundred); a longer history only grows the heap the garbage collector traverses."""
+lag only by the writes of one uninterrupted burst (the set-up, a tick's arrivals, a tier
+refresh: a few hundred at 64 nodes; a watch that fell further behind would list again);
+a longer history only grows the heap that every full garbage collection traverses."""
 
 
 class Hosted(Protocol):

@@ -32,16 +32,17 @@ _Entry = tuple[JsonObj, str]
 
 @dataclass(frozen=True, slots=True)
 class _Change:
-    """One revision: ``obj``/``text`` the state after (DELETED: the last state, carrying the
-    deletion's resourceVersion), ``prev`` the state before a MODIFIED."""
+    """One revision: ``text`` the state after (DELETED: the last state, carrying the
+    deletion's resourceVersion), ``prev_text`` the state before a MODIFIED. Text only, no
+    dicts: the history holds thousands of changes, which the garbage collector would
+    otherwise traverse as millions of objects; a watch with a selector decodes what it
+    matches (:meth:`_MemoryWatch._scan`)."""
 
     revision: int
     kind: Kind
     namespace: str
     type: EventType
-    obj: JsonObj
     text: str
-    prev: JsonObj | None
     prev_text: str | None
 
 
@@ -301,9 +302,7 @@ class MemoryStore:
                 kind=kind,
                 namespace=key[0],
                 type=change,
-                obj=stored,
                 text=text,
-                prev=prev[0] if prev is not None and change is EventType.MODIFIED else None,
                 prev_text=prev[1] if prev is not None and change is EventType.MODIFIED else None,
             )
         )
@@ -372,6 +371,7 @@ class _MemoryWatch(EmbeddedWatch):
             registry=store._watches[kind],
         )
         self._store = store
+        self._everything = not selector.labels and not selector.fields
 
     async def __anext__(self) -> WatchEvent:
         store = self._store
@@ -407,7 +407,13 @@ class _MemoryWatch(EmbeddedWatch):
             ):
                 self._skipped = True
                 continue
-            seen = semantics.watch_transition(self._selector, change.type, obj=change.obj, prev=change.prev)
+            if self._everything:
+                seen: tuple[EventType, bool] | None = (change.type, False)
+            else:
+                prev = semantics.decode(change.prev_text) if change.prev_text is not None else None
+                seen = semantics.watch_transition(
+                    self._selector, change.type, obj=semantics.decode(change.text), prev=prev
+                )
             if seen is None:
                 self._skipped = True
                 continue
