@@ -50,7 +50,8 @@ from flexlease.sim import failures, metrics, objects, tide, tiering, traces
 from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient
 from flexlease.sim.scenario import Policy, Scenario, assign_models
 from flexlease.store import graceful
-from flexlease.store.base import JsonObj, Kind, Store
+from flexlease.store.base import EventType, JsonObj, Kind, Store, WatchEvent
+from flexlease.store.informer import Informer
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +283,12 @@ class Simulation:
         self.pools: dict[str, Pool] = {}
         """Each node's pool as the store had it at the last check (the lease controller
         moves whole free nodes in and out of the standby pool)."""
+        self._watched_pools: dict[str, Pool] = {}
+        self._gpunodes = Informer(store, Kind.GPUNODE, handler=self._gpunode_event, name="sim-gpunodes")
+        """The store's GPUNodes as its watch delivers them, for the pools checked every tick
+        (reading them from a watch instead of listing every GPUNode each tick: the lease
+        controller moves nodes only while the extender settles, which also waits for this
+        watch to have delivered every change)."""
         self.rng = random.Random(f"scheduler:{scenario.seed}")
         self.tiers = tiering.TierPolicy(window=scenario.tier_window, refresh=scenario.tier_refresh)
         self.general = general_nodes(scenario)
@@ -1183,10 +1190,7 @@ class Simulation:
         job = sum(len(p.devices) for p in self._job_pods())
         if job > self.s.job_gpus:
             inv.violated("job_above_peak", f"t={t:g}: the job holds {job} GPUs, peak {self.s.job_gpus}")
-        self.pools = {
-            o["metadata"]["name"]: Pool((o.get("spec") or {}).get("pool") or Pool.GENERAL.value)
-            for o in (await self.store.list(Kind.GPUNODE)).items
-        }
+        self.pools = dict(self._watched_pools)
         standby_nodes = {n for n, pool in self.pools.items() if pool is Pool.STANDBY}
         holdings: list[tuple[str, bool, tuple[DeviceKey, ...]]] = []
         if full:  # every live pod in the store, by its assigned-gpus annotation
@@ -1229,9 +1233,22 @@ class Simulation:
                 for detail in c.supplement_model_mismatches:
                     inv.violated("supplement_model_mismatch", detail)
 
+    async def _gpunode_event(self, event: WatchEvent) -> None:
+        name = str(event.object["metadata"]["name"])
+        if event.type is EventType.DELETED:
+            self._watched_pools.pop(name, None)
+        else:
+            spec = event.object.get("spec") or {}
+            self._watched_pools[name] = Pool(spec.get("pool") or Pool.GENERAL.value)
+
     async def run(self) -> None:
         """Set up, then tick until the horizon. Raises :class:`SimulationError` when the
         extender or the store keeps failing."""
+        async with self._gpunodes.running():
+            await self._gpunodes.listed.wait()
+            await self._run()
+
+    async def _run(self) -> None:
         self.wall_started = time.perf_counter()
         try:
             await self.setup()
