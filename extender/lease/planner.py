@@ -750,11 +750,12 @@ def plan_tag_release(view: ClusterView, *, busy: Iterable[DeviceKey] = ()) -> tu
     ``busy``: GPUs to leave alone (targets of unfinished leases, which clear their own tags).
     """
     skip = set(busy)
-    return tuple(
-        TagChange(g.key, None, leased_at=None)
-        for g in sorted(view.gpus.values(), key=lambda g: g.key)
+    back = [
+        g.key
+        for g in view.gpus.values()
         if g.owner is not None and g.key not in skip and g.holder is not None and g.holder.belongs_to(g.owner)
-    )
+    ]
+    return tuple(TagChange(key, None, leased_at=None) for key in sorted(back))
 
 
 def spare_gpus(view: ClusterView) -> list[Gpu]:
