@@ -12,13 +12,15 @@ body that is not the expected type, or a filter reply naming a node outside the 
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
-from pydantic import ValidationError
+import orjson
+from pydantic import TypeAdapter, ValidationError
 
 from flexlease.api import wire
 from flexlease.errors import FlexleaseError
@@ -58,6 +60,33 @@ class CallStats:
         }
 
 
+_JSON: Final = {"Content-Type": "application/json"}
+_HOST_PRIORITY_LIST: Final = TypeAdapter(list[wire.HostPriority])
+_ARGS_KEYS: Final = tuple(
+    wire.ExtenderArgs.model_fields[name].alias or name for name in ("pod", "nodes", "node_names")
+)
+
+
+def _extender_args(pod: dict[str, Any], node_names: list[str]) -> dict[str, Any]:
+    """``ExtenderArgs`` as kube-scheduler sends it with ``nodeCacheCapable: true`` (the Pod,
+    ``Nodes`` null, the candidates in ``NodeNames``), keyed by :class:`wire.ExtenderArgs`'
+    Go field names; the pod goes as it is (it is already Kubernetes JSON)."""
+    return dict(zip(_ARGS_KEYS, (pod, None, node_names), strict=True))
+
+
+def _loads(raw: bytes) -> Any:
+    """A JSON reply: orjson, or :mod:`json` for what orjson refuses (so a reply is refused
+    only when neither reads it). Raises ``ValueError``."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
+
+
+def _text(raw: bytes) -> str:
+    return raw[:300].decode(errors="replace")
+
+
 class ExtenderClient:
     """Calls one extender at ``base_url`` (``http://127.0.0.1:<port>``) over ``session``."""
 
@@ -73,14 +102,16 @@ class ExtenderClient:
         self.stats.calls[verb] += 1
         started = time.perf_counter()
         try:
-            async with self._session.post(f"{self._base}/{verb}", json=body, timeout=self._timeout) as resp:
-                text = await resp.text()
+            async with self._session.post(
+                f"{self._base}/{verb}", data=orjson.dumps(body), headers=_JSON, timeout=self._timeout
+            ) as resp:
+                raw = await resp.read()
                 if resp.status != 200:
-                    raise ExtenderCallError(verb, f"HTTP {resp.status}: {text[:300]}")
+                    raise ExtenderCallError(verb, f"HTTP {resp.status}: {_text(raw)}")
                 try:
-                    return await resp.json(content_type=None)
+                    return _loads(raw)
                 except ValueError as exc:
-                    raise ExtenderCallError(verb, f"reply is not JSON: {text[:300]}") from exc
+                    raise ExtenderCallError(verb, f"reply is not JSON: {_text(raw)}") from exc
         except ExtenderCallError:
             self.stats.errors[verb] += 1
             raise
@@ -97,8 +128,7 @@ class ExtenderClient:
     async def filter(self, pod: dict[str, Any], node_names: list[str]) -> wire.ExtenderFilterResult:
         """``/filter``. Raises :class:`ExtenderCallError` on failure, on a reply naming a node
         outside ``node_names``, or on a non-empty ``Error`` (which fails the cycle)."""
-        body = wire.ExtenderArgs(pod=pod, nodes=None, node_names=node_names).to_wire()
-        raw = await self._post("filter", body)
+        raw = await self._post("filter", _extender_args(pod, node_names))
         try:
             result = wire.ExtenderFilterResult.model_validate(raw)
         except ValidationError as exc:
@@ -114,12 +144,11 @@ class ExtenderClient:
 
     async def prioritize(self, pod: dict[str, Any], node_names: list[str]) -> list[wire.HostPriority]:
         """``/prioritize``: one score 0–10 per candidate. Raises :class:`ExtenderCallError`."""
-        body = wire.ExtenderArgs(pod=pod, nodes=None, node_names=node_names).to_wire()
-        raw = await self._post("prioritize", body)
+        raw = await self._post("prioritize", _extender_args(pod, node_names))
         if not isinstance(raw, list):
             raise self._protocol_error("prioritize", "reply is not a HostPriorityList")
         try:
-            scores = [wire.HostPriority.model_validate(item) for item in raw]
+            scores = _HOST_PRIORITY_LIST.validate_python(raw)
         except ValidationError as exc:
             raise self._protocol_error("prioritize", f"bad reply: {exc}") from exc
         if {s.host for s in scores} - set(node_names):
