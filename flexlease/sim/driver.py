@@ -295,6 +295,10 @@ class Simulation:
         self.standby = standby_nodes(scenario)
         self.candidates = self.general + self.standby
         self.gpus: dict[DeviceKey, GpuState] = {}
+        self._sweep: failures.OutageSweep[DeviceKey] | None = None
+        """Which GPUs' outages touch each tick (built at the first tick, from ``gpus``)."""
+        self._unhealthy: set[DeviceKey] = set()
+        self._gpu_order: dict[DeviceKey, int] = {}
         self.pods: dict[str, SimPod] = {}  # uid → pod (live: pending or bound)
         self.held: dict[DeviceKey, str] = {}  # device → uid
         self.requests: list[metrics.LpRequest] = []
@@ -338,6 +342,9 @@ class Simulation:
                 self.gpus[key] = GpuState(
                     outs, tiering.refreshed(outs, 0.0, self.tiers), not failures.is_down(outs, 0.0)
                 )
+                self._gpu_order[key] = len(self._gpu_order)
+                if not self.gpus[key].healthy:
+                    self._unhealthy.add(key)
         for node in self.candidates:
             pool = Pool.STANDBY if node in self.standby else Pool.GENERAL
             await self.store.create(Kind.GPUNODE, objects.gpunode(node, pool=pool))
@@ -730,7 +737,20 @@ class Simulation:
             self.last_refresh = t
         lo = t - self.s.tick
         failed: list[DeviceKey] = []
-        for key, g in self.gpus.items():
+        if self._sweep is None:
+            self._sweep = failures.OutageSweep({k: g.outages for k, g in self.gpus.items()})
+        # Only GPUs with an outage touching (lo, t], or unhealthy until now, can change
+        # (a refresh recomputes all): the others are healthy, untouched and keep their tier.
+        touched = self._sweep.touching(lo, t)
+        if refresh:
+            keys = list(self.gpus)
+        elif self._unhealthy:
+            order = self._gpu_order
+            keys = sorted(set(touched) | self._unhealthy, key=order.__getitem__)
+        else:
+            keys = touched
+        for key in keys:
+            g = self.gpus[key]
             healthy = not failures.is_down(g.outages, t)
             hit = failures.downtime(g.outages, lo, t) > 0
             if hit:
@@ -745,6 +765,10 @@ class Simulation:
                 changed.add(key.node)
             g.healthy = healthy
             g.tier = tier
+            if healthy:
+                self._unhealthy.discard(key)
+            else:
+                self._unhealthy.add(key)
         for node in sorted(changed):
             await self._patch_node_status(node, t)
         for key in failed:

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from flexlease.sim.traces import DAY
 
 Interval = tuple[float, float]
 """An outage ``[start, end)`` in seconds since the simulation start (may be negative: history)."""
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +135,31 @@ def is_down(intervals: tuple[Interval, ...], t: float) -> bool:
 def downtime(intervals: tuple[Interval, ...], lo: float, hi: float) -> float:
     """Seconds of outage within ``[lo, hi)``."""
     return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in intervals if s < hi and e > lo)
+
+
+class OutageSweep(Generic[K]):
+    """The keys whose outages touch a window that only moves forward, without looking at the
+    others: a sweep over every outage sorted by start. ``outages``: each key's intervals (as
+    :func:`outages` returns them); keys come back in this mapping's order."""
+
+    def __init__(self, outages: Mapping[K, tuple[Interval, ...]]) -> None:
+        self._keys = list(outages)
+        self._starts = sorted((s, e, i) for i, ivs in enumerate(outages.values()) for s, e in ivs)
+        self._next = 0
+        self._active: list[tuple[float, int]] = []
+        self._lo = -math.inf
+        self._hi = -math.inf
+
+    def touching(self, lo: float, hi: float) -> list[K]:
+        """Keys with an outage ``(s, e)`` where ``s <= hi`` and ``e > lo``: every key for which
+        :func:`is_down` at ``hi`` or :func:`downtime` over ``[lo, hi)`` can be non-zero. Raises
+        ``ValueError`` when the window moves backwards (``lo`` or ``hi`` below the last call's)."""
+        if lo < self._lo or hi < self._hi:
+            raise ValueError(f"the window moved backwards: [{lo}, {hi}] after [{self._lo}, {self._hi}]")
+        self._lo, self._hi = lo, hi
+        while self._next < len(self._starts) and self._starts[self._next][0] <= hi:
+            _, end, i = self._starts[self._next]
+            self._active.append((end, i))
+            self._next += 1
+        self._active = [(end, i) for end, i in self._active if end > lo]
+        return [self._keys[i] for i in sorted({i for _, i in self._active})]

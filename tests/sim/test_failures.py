@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flexlease.sim import failures
@@ -70,3 +70,34 @@ def test_downtime_and_is_down() -> None:
     assert failures.downtime(outs, 0, 100) == 20
     assert failures.downtime(outs, 15, 35) == 10
     assert failures.is_down(outs, 10) and not failures.is_down(outs, 20)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(
+        st.integers(0, 9),
+        st.lists(st.tuples(st.floats(-50, 200), st.floats(0.1, 60)), max_size=4).map(
+            lambda xs: tuple(sorted((s, s + d) for s, d in xs))
+        ),
+        max_size=6,
+    ),
+    st.floats(5, 30),
+)
+def test_outage_sweep_finds_every_key_an_outage_can_touch(
+    histories: dict[int, tuple[failures.Interval, ...]], step: float
+) -> None:
+    """Windows moving forward by ``step``: the sweep names exactly the keys with an outage
+    starting by the window's end and ending after its start, in the mapping's order — every
+    key that is down at the end or lost time in the window among them."""
+    sweep = failures.OutageSweep(histories)
+    hi = -60.0
+    while hi < 260:
+        lo, hi = hi, hi + step
+        touching = sweep.touching(lo, hi)
+        expected = [k for k, ivs in histories.items() if any(s <= hi and e > lo for s, e in ivs)]
+        assert touching == expected
+        for k, ivs in histories.items():
+            if failures.is_down(ivs, hi) or failures.downtime(ivs, lo, hi) > 0:
+                assert k in touching
+    with pytest.raises(ValueError, match="backwards"):
+        sweep.touching(lo - 1, hi)
