@@ -59,7 +59,11 @@ class MemoryStore:
     * ``list`` is a consistent snapshot at the store's current revision;
     * ``watch`` yields every change strictly after ``resource_version`` in revision order,
       exactly once, from a bounded history of the last ``history_revisions`` revisions;
-      older → ``Gone`` (also raised mid-watch when a consumer falls that far behind).
+      older → ``Gone`` (also raised mid-watch when a consumer falls that far behind). As
+      the API server's watch cache, which keeps each resource's own history, a watch falls
+      behind only by changes of its kind: one whose kind had no change among the dropped
+      revisions goes on from the oldest kept one (an idle GPULease watch outlives a burst
+      of Pod writes).
       ``"0"`` or ``""`` mean "from now": the current objects as ADDED, then changes. A
       selector transition arrives as ADDED (starts matching) or DELETED (stops matching;
       the previous state with the change's resourceVersion). When filtered-out changes
@@ -103,6 +107,8 @@ class MemoryStore:
         self._compacted = semantics.FIRST_REVISION
         """Watches may start from any revision ≥ this; ``_history[i]`` is revision compacted+1+i."""
         self._history: list[_Change] = []
+        self._dropped: dict[Kind, int] = {}
+        """The revision of each kind's newest change dropped from the history."""
         self._watches: dict[Kind, weakref.WeakSet[_MemoryWatch]] = {k: weakref.WeakSet() for k in Kind}
         self._closed = False
         self._clock = clock
@@ -314,6 +320,8 @@ class MemoryStore:
         return semantics.decode(text)
 
     def _drop_history(self, count: int) -> None:
+        for change in self._history[:count]:
+            self._dropped[change.kind] = change.revision
         del self._history[:count]
         self._compacted += count
 
@@ -341,11 +349,12 @@ class MemoryStore:
 
     # -- watch support -------------------------------------------------------------------
 
-    def _next_change(self, after: int) -> Iterator[_Change]:
-        """Changes with revision > ``after``, in order. Raises ``Gone`` when compacted."""
-        if after < self._compacted:
+    def _next_change(self, after: int, kind: Kind) -> Iterator[_Change]:
+        """Changes with revision > ``after``, in order. Raises ``Gone`` when a change of
+        ``kind`` after ``after`` was compacted away."""
+        if after < self._compacted and self._dropped.get(kind, 0) > after:
             raise Gone(f"too old resource version: {after} (the oldest available is {self._compacted})")
-        start = after - self._compacted
+        start = max(0, after - self._compacted)
         for i in range(start, len(self._history)):
             yield self._history[i]
 
@@ -400,7 +409,7 @@ class _MemoryWatch(EmbeddedWatch):
 
     def _scan(self) -> WatchEvent | None:
         assert self._last is not None
-        for change in self._store._next_change(self._last):
+        for change in self._store._next_change(self._last, self._kind):
             self._last = change.revision
             if change.kind is not self._kind or (
                 self._namespace is not None and change.namespace != self._namespace

@@ -9,7 +9,7 @@ import pytest
 
 from flexlease.clock import ManualClock
 from flexlease.errors import Gone
-from flexlease.store.base import Kind, Store
+from flexlease.store.base import EventType, Kind, Store
 from flexlease.store.memory import MemoryStore
 from tests.store.contract import NS, StoreContract, make_pod, next_events, watching
 
@@ -24,6 +24,26 @@ class TestMemoryStore(StoreContract):
     async def compact(self, store: Store) -> None:
         assert isinstance(store, MemoryStore)
         await store.compact()
+
+
+async def test_an_idle_watch_outlives_a_burst_of_other_kinds() -> None:
+    """As the API server's per-resource watch cache: history dropped for Pod writes does not
+    expire a GPULease watch that had nothing to deliver; a Pod watch as old does expire."""
+    store = MemoryStore(history_revisions=10)
+    try:
+        start = (await store.list(Kind.GPULEASE)).resource_version
+        async with watching(store, Kind.GPULEASE, start) as leases:
+            await store.create(Kind.POD, make_pod("a"))
+            for i in range(100):
+                await store.patch(Kind.POD, "a", {"metadata": {"labels": {"i": str(i)}}}, namespace=NS)
+            await store.create(Kind.GPULEASE, {"metadata": {"name": "l", "namespace": NS}, "spec": {}})
+            (event,) = await next_events(leases, 1)
+        assert event.type is EventType.ADDED and event.object["metadata"]["name"] == "l"
+        with pytest.raises(Gone):
+            async with watching(store, Kind.POD, start) as pods:
+                await next_events(pods, 1)
+    finally:
+        await store.close()
 
 
 async def test_history_is_bounded_and_a_slow_watch_gets_gone() -> None:
