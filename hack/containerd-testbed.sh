@@ -9,6 +9,8 @@
 #   hack/containerd-testbed.sh stop-containerd|start-containerd [DIR]   the two halves of restart
 #   hack/containerd-testbed.sh framework-image [DIR]   build and load the orchestrator's framework
 #                                                      stand-in image (hack/table1.py); prints its name
+#   hack/containerd-testbed.sh launcher-image [DIR]    build and load the real launchers' image
+#                                                      (hack/real_launchers.py); prints its name
 #
 # DIR defaults to $FLEXLEASE_TESTBED_DIR or /tmp/flexlease-testbed. Runs as root; installs
 # containerd runc containernetworking-plugins busybox-static docker-registry skopeo when missing
@@ -33,6 +35,7 @@ PAUSE_IMAGE=localhost/flexlease/pause:1
 TRAINER_V1=localhost/flexlease/trainer:v1
 TRAINER_V2=localhost/flexlease/trainer:v2
 FRAMEWORK_IMAGE=localhost/flexlease/framework:v1
+LAUNCHER_IMAGE=localhost/flexlease/launcher:v1
 
 die() { echo "containerd-testbed: $*" >&2; exit 1; }
 log() { echo "containerd-testbed: $*" >&2; }
@@ -440,6 +443,28 @@ do_framework_image() {
   echo "FLEXLEASE_TESTBED_FRAMEWORK_IMAGE=$FRAMEWORK_IMAGE"
 }
 
+# The real launchers' image (hack/real_launchers.py): an empty merged-/usr root (bin, sbin, lib,
+# lib64 point into /usr) whose /usr, /etc and Python come from the host as read-only CRI mounts,
+# so Open MPI, mpi4py and Ray run in the pod exactly as installed on the host. Entrypoint: the
+# host's sh, idle until SIGTERM.
+do_launcher_image() {
+  need_root
+  [ -f "$DIR/env" ] || die "no testbed in $DIR"
+  local img="$DIR/images/launcher" d
+  rm -rf "$img"
+  mkdir -p "$img/root"
+  for d in usr etc tmp root run proc sys dev app opt var/tmp; do mkdir -p "$img/root/$d"; done
+  chmod 1777 "$img/root/tmp" "$img/root/var/tmp"
+  for d in bin sbin lib lib64; do ln -s "usr/$d" "$img/root/$d"; done
+  layer_tar "$img/layer.tar" "$img/root"
+  build_image "$img/launcher.tar" "$LAUNCHER_IMAGE" \
+    '["/bin/sh","-c","trap \"exit 0\" TERM; sleep infinity & wait"]' "$img/layer.tar"
+  ctr --address "$SOCK" -n "$NS" image import "$img/launcher.tar" >/dev/null \
+    || die "ctr image import launcher.tar failed"
+  rm -rf "$img"
+  echo "FLEXLEASE_TESTBED_LAUNCHER_IMAGE=$LAUNCHER_IMAGE"
+}
+
 case "$cmd" in
   start) do_start ;;
   stop) do_stop ;;
@@ -448,5 +473,6 @@ case "$cmd" in
   stop-containerd) do_stop_containerd ;;
   start-containerd) do_start_containerd ;;
   framework-image) do_framework_image ;;
-  *) die "usage: $0 start|stop|env|restart-containerd|stop-containerd|start-containerd|framework-image [DIR]" ;;
+  launcher-image) do_launcher_image ;;
+  *) die "usage: $0 start|stop|env|restart-containerd|stop-containerd|start-containerd|framework-image|launcher-image [DIR]" ;;
 esac

@@ -110,14 +110,20 @@ def prepare(directory: Path) -> Testbed:
 
 def profiles() -> dict[str, Profile]:
     """The stand-in profiles, checked to have the shipped profiles' dependency structure."""
+    return twin_profiles(PROFILE_DIR, FRAMEWORKS)
+
+
+def twin_profiles(directory: Path, names: Sequence[str]) -> dict[str, Profile]:
+    """The profiles in ``directory``; each of ``names`` must have the shipped profile's roles,
+    commands and preconditions (only the argv may differ). Raises ``RuntimeError`` otherwise."""
     shipped = profile.builtin()
-    twins = profile.load_dir(PROFILE_DIR)
-    for name in FRAMEWORKS:
-        a, b = shipped[name], twins[name]
+    twins = profile.load_dir(directory)
+    for name in names:
+        a, b = shipped[name], twins.get(name)
         shape_a = [(c.name, c.role, c.preconditions) for c in a.commands]
-        shape_b = [(c.name, c.role, c.preconditions) for c in b.commands]
-        if shape_a != shape_b or a.roles != b.roles:
-            raise RuntimeError(f"{PROFILE_DIR / name}.yaml differs from the shipped {name} profile")
+        shape_b = [(c.name, c.role, c.preconditions) for c in b.commands] if b else None
+        if b is None or shape_a != shape_b or a.roles != b.roles:
+            raise RuntimeError(f"{directory / name}.yaml differs from the shipped {name} profile")
     return twins
 
 

@@ -6,7 +6,7 @@ install_deps() {
     local need=() pair
     for pair in containerd:containerd runc:runc busybox:busybox-static docker-registry:docker-registry \
                 skopeo:skopeo promtool:prometheus openssl:openssl ip:iproute2 unshare:util-linux \
-                nats-server:nats-server; do
+                nats-server:nats-server mpirun:openmpi-bin; do
       command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
     done
     [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
