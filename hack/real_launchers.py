@@ -89,11 +89,13 @@ RAY_JOIN_BUDGET: Final = {
 }
 """How long ``ray start --address`` looks for the GCS before it fails: one attempt of 1 s with a
 1 s connect timeout (Ray's own config, set by environment; the default is 20 attempts of 30 s)."""
-FAILURE_LINES: Final = ("ORTE was unable to reliably start", "Failed to connect to GCS")
+FAILURE_LINES: Final = ("ORTE was unable to reliably start", "RuntimeError: Failed to connect to GCS")
 """How Open MPI and Ray say that a launch failed for want of a peer."""
 CONTAINERD_SOCKET_IN_POD: Final = "/run/containerd/containerd.sock"
 PROBE_PERIOD_S: Final = 0.2
 DRIVER_TIMEOUT_S: Final = 120
+START_TIMEOUT_S: Final = 300
+"""A naive command gives up on a pod whose container has not started by then."""
 
 
 @dataclass(frozen=True)
@@ -370,7 +372,13 @@ async def launch_naive(job: Job, prof: Profile, executor: CriExecutor) -> tuple[
 
     async def one(cmd: Command, pod: Pod) -> None:
         nonlocal execs
-        await pod.started.wait()
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await pod.started.wait()
+        except TimeoutError:
+            raise LaunchFailed(
+                f"{cmd.name} in {pod.name}: container not started in {START_TIMEOUT_S} s"
+            ) from None
         pods = await job.states()
         self_pod = next(p for p in pods[pod.role] if p.name == pod.name)
         argv = template.render(cmd.run, pods=pods, self_pod=self_pod)

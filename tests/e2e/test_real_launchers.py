@@ -26,9 +26,9 @@ def testbed(containerd_testbed: ContainerdTestbed) -> real_launchers.Testbed:
         # mpirun starts as soon as the coordinator runs; worker-1's container starts 6 s later,
         # so the rsh agent finds no running task there and ORTE gives up.
         ("mpi", {"coordinator": [0.0], "worker": [1.0, 6.0]}, "ORTE was unable to reliably start"),
-        # the worker's ray start runs at once and spends its GCS budget before the head's
-        # container (5 s later) has even begun ray start --head.
-        ("ray", {"head": [5.0], "worker": [0.0]}, "Failed to connect to GCS"),
+        # the worker's ray start runs at once and spends its GCS budget (one attempt, after
+        # Ray's import) before the head's container, 10 s later, has its GCS up.
+        ("ray", {"head": [10.0], "worker": [0.0]}, "Failed to connect to GCS"),
     ],
 )
 async def test_naive_launch_fails_and_orchestrated_succeeds(
