@@ -64,6 +64,7 @@ from extender.orchestrator.snapshot import PodState, pod_state
 from extender.orchestrator.watch import ReadinessWatch
 from flexlease import errors
 from flexlease.api import keys
+from flexlease.api.pod import owner_label_value
 from flexlease.clock import SystemClock
 from flexlease.cri import api_pb2
 from flexlease.errors import ExecError
@@ -180,7 +181,11 @@ def pod_object(pod: Pod, *, framework: str, owner: str) -> dict[str, Any]:
         "metadata": {
             "name": pod.name,
             "namespace": NAMESPACE,
-            "labels": {keys.LABEL_OWNER: owner, keys.LABEL_ROLE: pod.role, keys.LABEL_FRAMEWORK: framework},
+            "labels": {
+                keys.LABEL_OWNER: owner_label_value(owner),
+                keys.LABEL_ROLE: pod.role,
+                keys.LABEL_FRAMEWORK: framework,
+            },
         },
         "spec": {
             "hostNetwork": True,
@@ -355,7 +360,7 @@ class Job:
         listed = await self.store.list(Kind.POD, namespace=NAMESPACE)
         by_role: dict[str, list[PodState]] = {}
         for obj in listed.items:
-            if obj["metadata"]["labels"].get(keys.LABEL_OWNER) == self.owner:
+            if obj["metadata"]["labels"].get(keys.LABEL_OWNER) == owner_label_value(self.owner):
                 state = pod_state(obj)
                 by_role.setdefault(state.role, []).append(state)
         return {r: tuple(sorted(v, key=lambda s: s.name)) for r, v in by_role.items()}
