@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -55,6 +56,8 @@ from typing import Protocol
 
 from matplotlib.figure import Figure
 from prometheus_client import CollectorRegistry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 
 import flexlease.logging
 from flexlease.api import keys
@@ -118,12 +121,12 @@ def free_port() -> int:
 def start_nats(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
     port = free_port()
-    log = (directory / "nats.log").open("wb")
-    proc = subprocess.Popen(
-        [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(directory / "js")],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with (directory / "nats.log").open("wb") as log:  # the server keeps its own descriptor
+        proc = subprocess.Popen(
+            [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(directory / "js")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     for _ in range(200):
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -344,8 +347,10 @@ class ContainerTrainer:
         await self.runtime.cri.close()
 
 
-async def produce(url: str, rate: int, seconds: float) -> int:
-    """Publish records 1..rate*seconds at ``rate``/s in 10 ms ticks; returns the count."""
+async def produce(url: str, rate: int, seconds: float, *, per_message: int = 1) -> int:
+    """Publish records 1..rate*seconds at ``rate``/s in 10 ms ticks, ``per_message`` records
+    per message (each record a line ``<number>|<64 bytes>``; the message's ``Nats-Msg-Id`` is
+    its first record's number); returns the records published."""
     pad = b"x" * 64
     n = 0
     async with JetStreamBroker(url) as broker:
@@ -353,16 +358,18 @@ async def produce(url: str, rate: int, seconds: float) -> int:
         total = int(rate * seconds)
         while n < total:
             due = min(total, int((time.monotonic() - start) * rate))
-            while n < due:
-                n += 1
-                await publish(broker, BINDING.subject, n, b"%d|" % n + pad)
+            while n < due and (due - n >= per_message or due == total):
+                count = min(per_message, total - n)
+                body = b"".join(b"%d|%s\n" % (k, pad) for k in range(n + 1, n + count + 1))
+                await publish(broker, BINDING.subject, n + 1, body)
+                n += count
             await broker.nc.flush()
             await asyncio.sleep(0.01)
     return n
 
 
 def produce_main(args: argparse.Namespace) -> int:
-    n = asyncio.run(produce(args.url, args.rate, args.seconds))
+    n = asyncio.run(produce(args.url, args.rate, args.seconds, per_message=args.records_per_message))
     print(n)
     return 0
 
@@ -416,7 +423,7 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path, testbed: Test
     trainer: Trainer | None = None
     try:
         async with JetStreamBroker(url) as broker:
-            buffer = int(args.rate * args.buffer_seconds)
+            buffer = math.ceil(args.rate * args.buffer_seconds / args.records_per_message)  # messages
             await ensure_live_stream(broker, BINDING.stream, subjects=[BINDING.subject], max_msgs=buffer)
             annotations = {
                 keys.ANN_STREAM: BINDING.stream,
@@ -464,6 +471,7 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path, testbed: Test
                     str(SELF),
                     "produce",
                     *("--url", url, "--rate", str(args.rate), "--seconds", str(args.seconds)),
+                    *("--records-per-message", str(args.records_per_message)),
                     stdout=asyncio.subprocess.PIPE,
                     env=env,
                     cwd=REPO,
@@ -485,7 +493,9 @@ async def one_run(mode: str, args: argparse.Namespace, work: Path, testbed: Test
                 print(f"{mode}: catch-up {run.catchup}", file=sys.stderr, flush=True)
                 out, _ = await producer.communicate()
                 run.produced = int(out.decode().split()[-1])
-                await committed_reaches(broker, run.produced, limit=60)
+                await committed_reaches(
+                    broker, (await broker.stream_state(BINDING.stream)).last_seq, limit=60
+                )
                 last = -1
                 while True:  # until the trainer took everything it will get
                     ck = json.loads((state / "checkpoint.json").read_text())
@@ -609,6 +619,7 @@ async def main_async(args: argparse.Namespace) -> int:
     print(
         f"{args.rate:,} records/s for {args.seconds:g} s, {args.restarts} restarts"
         f" (model load {args.down:g} s), trainer as {trainer},"
+        f" {args.records_per_message} record(s) per message,"
         f" live buffer {args.buffer_seconds:g} s of input, margin {args.margin:g} s; "
         f"{platform.machine()}, {os.cpu_count()} cores, load average before {load[0]:.2f}"
         f" after {os.getloadavg()[0]:.2f}"
@@ -627,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--url", required=True)
         p.add_argument("--rate", type=int, required=True)
         p.add_argument("--seconds", type=float, required=True)
+        p.add_argument("--records-per-message", type=int, default=1)
         return produce_main(p.parse_args(argv[1:]))
     p = argparse.ArgumentParser(prog="hack/stream_restarts.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=int, default=20_000, help="records/s")
@@ -640,6 +652,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cgroup-parent", default="", help="that testbed's cgroup parent")
     p.add_argument("--buffer-seconds", type=float, default=1.0, help="live buffer, seconds of input")
     p.add_argument("--margin", type=float, default=5.0, help="staging margin, seconds")
+    p.add_argument(
+        "--records-per-message", type=int, default=1, help="records batched in one message (offset unit)"
+    )
     p.add_argument("--plot", type=Path, default=None)
     p.add_argument("--log-level", default="WARNING", help="the agent parts' log level (stderr)")
     args = p.parse_args(argv)

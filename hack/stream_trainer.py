@@ -2,13 +2,14 @@
 """A streaming trainer for hack/stream_restarts.py: consumes numbered records through
 :class:`flexlease.streaming.source.TrainingSource`, checkpoints, commits.
 
-Each record's payload starts with its number (``b"<n>|..."``). The trainer's state — the
-offset, the next number it expects, records taken, records lost (a jump forward) and records
-seen twice (a number below the expected one) — is its checkpoint: written atomically (temp file
-+ rename) after each step and before the offset is committed, and read back at start
-(``start_after`` = the checkpoint's offset). SIGTERM ends it after the current step, as a
-container stop does (or after 1 s when it is waiting for records). It first sleeps
-``--load-seconds`` (loading the model), then writes the time it starts reading to ``started``.
+A message holds one or more records, a line each, starting with its number
+(``b"<n>|...\\n"``; the offset counts messages). The trainer's state — the offset, the next
+number it expects, records taken, records lost (a jump forward) and records seen twice (a
+number below the expected one) — is its checkpoint: written atomically (temp file + rename)
+after each step and before the offset is committed, and read back at start (``start_after`` =
+the checkpoint's offset). SIGTERM ends it after the current step, as a container stop does (or
+after 1 s when it is waiting for records). It first sleeps ``--load-seconds`` (loading the
+model), then writes the time it starts reading to ``started``.
 Every ``--tick`` seconds it appends ``<unix time> <records>`` to ``timeline.txt`` (records
 consumed in that tick). It runs as a process or, in hack/stream_restarts.py's containerd mode,
 as a container (the state directory a volume).
@@ -77,19 +78,22 @@ async def train(args: argparse.Namespace) -> int:
             save(args.state / "started", time.time())
             async with aclosing(source.batches()) as batches:
                 async for batch in batches:
+                    taken = 0
                     for r in batch.records:  # the "training step"
-                        n = int(r.data.split(b"|", 1)[0])
-                        if n < state["expect"]:
-                            state["dup"] += 1
-                            continue
-                        state["lost"] += n - state["expect"]
-                        state["expect"] = n + 1
-                        state["taken"] += 1
+                        for line in r.data.splitlines():
+                            n = int(line.split(b"|", 1)[0])
+                            if n < state["expect"]:
+                                state["dup"] += 1
+                                continue
+                            state["lost"] += n - state["expect"]
+                            state["expect"] = n + 1
+                            taken += 1
+                    state["taken"] += taken
                     state["offset"] = batch.last_seq
                     state["origin"] = batch.origin.value
                     save(state_file, state)  # checkpoint, then commit
                     await source.commit(batch)
-                    tick_records += len(batch.records)
+                    tick_records += taken
                     now = time.time()
                     if now - tick_start >= args.tick:
                         timeline.write(f"{now:.3f} {tick_records}\n")

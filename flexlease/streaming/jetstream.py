@@ -150,6 +150,9 @@ class JetStreamBroker:
     JetStreamBroker(url)``; ``url`` like ``nats://127.0.0.1:4222``. The client reconnects
     on its own after a broker restart; calls in between raise ``BrokerError``."""
 
+    reader_class: type[JetStreamReader] = JetStreamReader
+    """What :meth:`open_reader` makes (hack/bench_stream.py measures a baseline subclass)."""
+
     def __init__(self, url: str, *, timeout: float = 5.0, reconnect_seconds: float = 0.25) -> None:
         self.url = url
         self._timeout = timeout
@@ -255,7 +258,7 @@ class JetStreamBroker:
             inactive_threshold=_READER_IDLE_SECONDS,
             mem_storage=True,
         )
-        reader = JetStreamReader(self.nc, self.js, stream, name, batch=batch)
+        reader = self.reader_class(self.nc, self.js, stream, name, batch=batch)
         try:
             await self.js.add_consumer(stream, config)
             await reader.open()
