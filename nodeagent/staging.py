@@ -10,7 +10,9 @@ offset + 1 on, and hands a watch to :meth:`Stager.run`, which
 
 1. measures the job's input rate (records/s and bytes/s over ``rate_sample_seconds``) and
    sizes the staging stream to W_stage = W (formulas 1–3, given by the caller) + the pod's
-   margin (:func:`flexlease.streaming.config.staging_limits`);
+   margin (:func:`flexlease.streaming.config.staging_limits`); until the restart is over it
+   keeps measuring (the average since the first sample) and grows the limits when the rate
+   rose, never shrinks them;
 2. checks every ``poll_seconds`` whether the job's next record (committed offset + 1) is
    still in the live or the staging stream. When it is in neither (the restart outlasted
    W_stage), the overflow is reported, never silent: ``flexlease_staging_overflows_total``
@@ -125,6 +127,8 @@ class Staging:
     window_seconds: float
     began: float
     limits: StagingLimits | None = None
+    rate_since: tuple[float, int] | None = None
+    """(monotonic time, live stream's last sequence) where the rate measurement began."""
     restarted_at: float | None = None
     staged_until: int | None = None
     catchup_seconds: float | None = None
@@ -257,42 +261,62 @@ class Stager:
     async def _size(self, s: Staging) -> None:
         """Measure the input rate and size the staging stream to W_stage."""
         before = await self._broker.stream_state(s.binding.stream)
-        t0 = time.monotonic()
+        s.rate_since = (time.monotonic(), before.last_seq)
         await asyncio.sleep(self._rate_sample)
-        after = await self._broker.stream_state(s.binding.stream)
+        await self._resize(s, await self._broker.stream_state(s.binding.stream))
+
+    async def _resize(self, s: Staging, live: StreamState) -> None:
+        """Size the staging stream to W_stage at the input rate averaged since the measurement
+        began; a limit only grows (by a tenth at least, to spare the broker updates), so a
+        producer that was slow or paused while the first sample was taken, then catches up in a
+        burst, does not overflow a window sized from that sample."""
+        if s.rate_since is None:
+            return
+        t0, seq0 = s.rate_since
         elapsed = max(time.monotonic() - t0, 1e-3)
-        records = max(0, after.last_seq - before.last_seq)
-        per_record = after.bytes / after.messages if after.messages else 0.0
-        s.limits = staging_limits(
+        records = max(0, live.last_seq - seq0)
+        per_record = live.bytes / live.messages if live.messages else 0.0
+        limits = staging_limits(
             window_seconds=s.window_seconds,
             margin_seconds=s.binding.margin_seconds,
             records_per_second=records / elapsed,
             bytes_per_second=records * per_record / elapsed,
         )
+        if s.limits is not None:
+            if limits.max_msgs <= s.limits.max_msgs * 1.1 and limits.max_bytes <= s.limits.max_bytes * 1.1:
+                return
+            limits = StagingLimits(
+                window_seconds=limits.window_seconds,
+                max_msgs=max(limits.max_msgs, s.limits.max_msgs),
+                max_bytes=max(limits.max_bytes, s.limits.max_bytes),
+            )
         await self._broker.stage(
             s.binding.staging_stream,
             origin=s.binding.stream,
             start_seq=s.start_seq,
-            max_msgs=s.limits.max_msgs,
-            max_bytes=s.limits.max_bytes,
+            max_msgs=limits.max_msgs,
+            max_bytes=limits.max_bytes,
         )
-        self.metrics.window.labels(node=self.node).set(s.limits.window_seconds)
         log.info(
-            "staging sized",
+            "staging sized" if s.limits is None else "staging grown: the input rate rose",
             extra=ctx(
                 pod=s.pod,
-                w_stage=round(s.limits.window_seconds, 3),
-                max_msgs=s.limits.max_msgs,
-                max_bytes=s.limits.max_bytes,
+                w_stage=round(limits.window_seconds, 3),
+                max_msgs=limits.max_msgs,
+                max_bytes=limits.max_bytes,
                 records_per_second=round(records / elapsed, 1),
             ),
         )
+        s.limits = limits
+        self.metrics.window.labels(node=self.node).set(limits.window_seconds)
 
     async def _check(self, s: Staging) -> bool:
         """One look at the job's position; True when staging is over."""
         commit = await self._broker.committed(s.binding.durable)
         needed = commit.seq + 1 if commit is not None else s.start_seq
         live = await self._broker.stream_state(s.binding.stream)
+        if s.staged_until is None:  # still filling: keep up with the input rate
+            await self._resize(s, live)
         staged = await self._broker.stream_state(s.binding.staging_stream)
         if s.restarted_at is not None and s.staged_until is None:
             s.staged_until = live.last_seq

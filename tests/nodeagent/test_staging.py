@@ -183,3 +183,24 @@ async def test_staging_ends_once_the_restarted_job_caught_up(env: Any) -> None:
     assert registry.get_sample_value(STAGING_CATCHUP + "_count", {"node": NODE}) == 1
     assert sample(registry, "flexlease_staging_active") == 0
     assert not [e for e in await events(store) if e["reason"] == "StagingOverflow"]
+
+
+async def test_staging_grows_when_the_input_rate_rises_after_the_first_sample(env: Any) -> None:
+    broker, store, stager, _ = env
+    await store.create(Kind.POD, pod(STREAM_ANN))
+    await produce(broker, 1, 10)
+    staging = await stager.begin(pod(STREAM_ANN), window_seconds=1.0)
+    assert staging is not None
+    for _ in range(200):  # the first sample: no input at all
+        if staging.limits is not None:
+            break
+        await asyncio.sleep(0.02)
+    assert staging.limits is not None and staging.limits.max_msgs == 1000  # the floor
+    await produce(broker, 11, 3000, follow=BINDING.staging_stream)  # the producer catches up
+    for _ in range(200):
+        if staging.limits.max_msgs > 1100:
+            break
+        await asyncio.sleep(0.02)
+    assert staging.limits.max_msgs > 1100
+    info = await broker.js.stream_info(BINDING.staging_stream)
+    assert info.config.max_msgs == staging.limits.max_msgs
