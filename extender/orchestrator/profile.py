@@ -230,10 +230,10 @@ def is_critical(pod_labels: Mapping[str, str], critical: Mapping[str, frozenset[
     unknown framework, is critical when any profile marks that role critical (err on the side of
     protecting a coordinator)."""
     role = pod_labels.get(keys.LABEL_ROLE)
-    if not role:
+    if not role or not isinstance(role, str):  # labels from a request body: not always strings
         return False
     framework = pod_labels.get(keys.LABEL_FRAMEWORK)
-    if framework and framework in critical:
+    if isinstance(framework, str) and framework in critical:
         return role in critical[framework]
     return any(role in roles for roles in critical.values())
 
