@@ -438,7 +438,7 @@ def count_devices(key: FitKey, node: NodeView) -> NodeFit:
     low_held = []
     for d in usable:
         h = node.holders.get(d.holder) if d.holder is not None else None
-        if h is not None and h.low and not h.reserved:
+        if h is not None and h.low and not h.reserved and not h.critical:
             low_held.append(h.priority_value)
     typed = [d for d in node.devices if key.gpu_type is None or d.model == key.gpu_type]
     return NodeFit(

@@ -32,7 +32,8 @@ def alike_nodes(draw: st.DrawFn) -> list[NodeView]:
 
 
 Shape = tuple[Pool, tuple[tuple[str, Tier | None, bool, str | None, str | None], ...]]
-"""(pool, per device: model, tier, healthy, owner tag, holder kind: None/low/high/reserved)."""
+"""(pool, per device: model, tier, healthy, owner tag, holder kind: None, low (urgent: spec.priority
+500; critical: a critical role), high, reserved)."""
 
 
 @st.composite
@@ -43,7 +44,7 @@ def _shape(draw: st.DrawFn) -> Shape:
             draw(st.sampled_from([None, Tier.LA, Tier.MA, Tier.HA])),
             draw(st.booleans()),
             draw(st.sampled_from(OWNERS)),
-            draw(st.sampled_from([None, None, "low", "high", "reserved", "low-urgent"])),
+            draw(st.sampled_from([None, None, "low", "high", "reserved", "low-urgent", "low-critical"])),
         )
         for _ in range(draw(st.integers(0, 8)))
     )
@@ -72,9 +73,10 @@ def _build(name: str, shape: Shape) -> NodeView:
                 uid=uid,
                 key=f"ml/{uid}",
                 indices=(i,),
-                low=holder in ("low", "low-urgent"),
+                low=holder in ("low", "low-urgent", "low-critical"),
                 priority_value=500 if holder == "low-urgent" else 0,
                 reserved=holder == "reserved",
+                critical=holder == "low-critical",
             )
     return NodeView(
         name=name,
