@@ -10,6 +10,7 @@ import logging
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
+from flexlease.aiotask import cancel_and_wait
 from flexlease.logging import ctx
 
 log = logging.getLogger(__name__)
@@ -27,9 +28,7 @@ async def running(coro: Coroutine[Any, Any, None], *, name: str) -> AsyncIterato
         yield task
     finally:
         task.remove_done_callback(_report_exit)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
 
 def _report_exit(task: asyncio.Task[None]) -> None:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from extender.orchestrator.profile import Role
 from extender.orchestrator.snapshot import PodState, Snapshot, pod_state
+from flexlease.aiotask import cancel_and_wait
 from flexlease.api import keys
 from flexlease.api.pod import owner_label_value
 from flexlease.clock import Clock
@@ -86,8 +87,7 @@ class ReadinessWatch:
             for task in tasks:
                 task.cancel()
             for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
 
     def _on_event(self, role: str) -> Handler:
         async def handle(event: WatchEvent) -> None:

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import Final
 
+from flexlease.aiotask import cancel_and_wait
 from flexlease.errors import Gone, StoreError
 from flexlease.logging import ctx
 from flexlease.store.base import EVERYTHING, EventType, JsonObj, Kind, Selector, Store, WatchEvent
@@ -177,9 +178,7 @@ class Informer:
         try:
             yield self
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _list(self) -> None:
         listed = await self._store.list(self._kind, namespace=self._namespace, selector=self._selector)
