@@ -592,8 +592,7 @@ class Simulation:
             if len(passed) == 1:
                 host = passed[0]  # kube-scheduler scores nothing when one node is feasible
             else:
-                scores = await self.client.prioritize(pod.obj, passed)
-                by_host = {s.host: s.score for s in scores}
+                by_host = await self.client.prioritize(pod.obj, passed)
                 best = max(by_host.get(n, 0) for n in passed)
                 host = self.rng.choice(sorted(n for n in passed if by_host.get(n, 0) == best))
             error = await self.client.bind(pod.namespace, pod.name, uid=pod.uid, node=host)

@@ -22,7 +22,7 @@ import aiohttp
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from flexlease.api import wire
+from flexlease.api import keys, wire
 from flexlease.errors import FlexleaseError
 
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
@@ -72,6 +72,23 @@ def _extender_args(pod: dict[str, Any], node_names: list[str]) -> dict[str, Any]
     ``Nodes`` null, the candidates in ``NodeNames``), keyed by :class:`wire.ExtenderArgs`'
     Go field names; the pod goes as it is (it is already Kubernetes JSON)."""
     return dict(zip(_ARGS_KEYS, (pod, None, node_names), strict=True))
+
+
+def _plain_scores(raw: list[Any]) -> dict[str, int] | None:
+    """A ``HostPriorityList`` in the exact shape the extender writes (``{"Host": str,
+    "Score": int}`` within 0–10) as host → score, checked without building models (about
+    70 entries per call); None for anything else."""
+    out: dict[str, int] = {}
+    for item in raw:
+        if type(item) is not dict or len(item) != 2:
+            return None
+        host, score = item.get("Host"), item.get("Score")
+        if type(host) is not str or type(score) is not int:
+            return None
+        if not keys.MIN_EXTENDER_PRIORITY <= score <= keys.MAX_EXTENDER_PRIORITY:
+            return None
+        out[host] = score
+    return out
 
 
 def _loads(raw: bytes) -> Any:
@@ -142,16 +159,19 @@ class ExtenderClient:
             )
         return result
 
-    async def prioritize(self, pod: dict[str, Any], node_names: list[str]) -> list[wire.HostPriority]:
-        """``/prioritize``: one score 0–10 per candidate. Raises :class:`ExtenderCallError`."""
+    async def prioritize(self, pod: dict[str, Any], node_names: list[str]) -> dict[str, int]:
+        """``/prioritize``: the ``HostPriorityList`` reply as host → score (0–10; a host listed
+        twice keeps its last score). Raises :class:`ExtenderCallError`."""
         raw = await self._post("prioritize", _extender_args(pod, node_names))
         if not isinstance(raw, list):
             raise self._protocol_error("prioritize", "reply is not a HostPriorityList")
-        try:
-            scores = _HOST_PRIORITY_LIST.validate_python(raw)
-        except ValidationError as exc:
-            raise self._protocol_error("prioritize", f"bad reply: {exc}") from exc
-        if {s.host for s in scores} - set(node_names):
+        scores = _plain_scores(raw)
+        if scores is None:  # not the exact shape: validate as Go decodes it (keys in any case)
+            try:
+                scores = {s.host: s.score for s in _HOST_PRIORITY_LIST.validate_python(raw)}
+            except ValidationError as exc:
+                raise self._protocol_error("prioritize", f"bad reply: {exc}") from exc
+        if set(scores) - set(node_names):
             raise self._protocol_error("prioritize", "scores for nodes outside the candidates")
         return scores
 

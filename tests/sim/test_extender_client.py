@@ -63,8 +63,7 @@ async def test_wire_format_is_kube_schedulers(aiohttp_server: MakeServer) -> Non
         client = ExtenderClient(session, str(server.make_url("")))
         result = await client.filter(POD, ["a", "b"])
         assert result.node_names == ["b"] and result.failed_nodes == {"a": "full"}
-        scores = await client.prioritize(POD, ["b"])
-        assert [(s.host, s.score) for s in scores] == [("b", 7)]
+        assert await client.prioritize(POD, ["b"]) == {"b": 7}
         assert await client.bind("tenants", "lp-1", uid="u-1", node="b") == ""
         kept = await client.preempt(POD, {"a": ["v1", "v2"]})
         assert [p.uid for p in kept["a"].pods] == ["v1"]
@@ -90,6 +89,8 @@ async def test_wire_format_is_kube_schedulers(aiohttp_server: MakeServer) -> Non
         ("filter", (200, {"NodeNames": [], "Error": "not ready"}), "Error: not ready"),
         ("prioritize", (200, {"Host": "a"}), "not a HostPriorityList"),
         ("prioritize", (200, [{"Host": "a", "Score": 11}]), "bad reply"),
+        ("prioritize", (200, [{"Host": "a", "Score": "7"}, {"Host": "a"}]), "bad reply"),
+        ("prioritize", (200, [{"Host": "zzz", "Score": 1}]), "outside the candidates"),
         ("preempt", (200, {"NodeNameToMetaVictims": {"other": {"Pods": []}}}), "not proposed"),
     ],
 )
@@ -107,6 +108,14 @@ async def test_protocol_violations_raise_and_count(
             else:
                 await client.preempt(POD, {"a": ["v1"]})
         assert client.stats.errors[verb] == 1
+
+
+async def test_prioritize_reads_keys_in_any_case_as_go_does(aiohttp_server: MakeServer) -> None:
+    reply = [{"host": "a", "score": 3}, {"HOST": "b", "Score": 10, "Extra": 1}]
+    server, _ = await _serve(aiohttp_server, {"prioritize": (200, reply)})
+    async with aiohttp.ClientSession() as session:
+        client = ExtenderClient(session, str(server.make_url("")))
+        assert await client.prioritize(POD, ["a", "b"]) == {"a": 3, "b": 10}
 
 
 async def test_unreachable_extender_is_an_error_and_not_ready() -> None:
