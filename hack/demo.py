@@ -428,7 +428,7 @@ class Demo:
                 )
                 return None
             scores = await self.client.prioritize(current, feasible)
-            best = max(scores, key=lambda s: (s.score, s.host == feasible[0])).host
+            best = max(scores, key=lambda host: (scores[host], host == feasible[0]))
             error = await self.client.bind(meta["namespace"], meta["name"], uid=meta["uid"], node=best)
             if not error:
                 return best
