@@ -127,6 +127,10 @@ class LeaseSettings(_Group):
     retry_max_seconds: float = Field(default=60.0, gt=0)
     eviction_retry_seconds: float = Field(default=5.0, gt=0)
     """Wait before retrying an eviction a PodDisruptionBudget refused, when no Retry-After is given."""
+    reconfigure_max_age_seconds: float = Field(default=600.0, gt=0)
+    """The in-place rollout controller (``extender.rollout``) reconfigures a job after a lend or
+    reclaim only for completions it observes: never for a ``Done`` GPULease that completed
+    before it started, nor one that completed longer ago than this (``extender.rollout.age``)."""
 
 
 class OrchestratorSettings(_Group):

@@ -15,7 +15,8 @@ Pods, GPULeases) only enqueue keys; one worker reconciles them, level-triggered,
   still running, then — under a kubelet — patches the pod spec's image itself so kubelet
   restarts the container in its sandbox; the controller never touches the pod spec. A
   StatefulSet without the label, or with ``RollingUpdate``, is left to Kubernetes.
-* ``lease/<ns>/<name>``: a GPULease (Lend or Reclaim) that reached ``Done``: the owner's pods
+* ``lease/<ns>/<name>``: a GPULease (Lend or Reclaim) that reached ``Done`` — a completion this
+  controller observed, never an old one found at start-up (:mod:`extender.rollout.age`): the owner's pods
   labelled ``flexlease.io/restart-policy: InPlace`` that ran before it (not those created to
   take the GPUs back, ``flexlease.io/reclaim``, nor any created after the lease: they start
   on the new GPU set) get a same-image restart request so the training framework picks up
@@ -37,6 +38,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from aiohttp import web
@@ -50,6 +52,7 @@ from extender.lease.planner import EventType
 from extender.lease.view import parse_time
 from extender.lease.workqueue import WorkQueue
 from extender.orchestrator import profile as profiles
+from extender.rollout import age
 from extender.rollout import plan as rollout
 from extender.rollout.order import OrdinalOrder, ProfileOrder, RestartOrder
 from flexlease.api import keys
@@ -188,6 +191,14 @@ class RolloutController:
         """(pod uid, request id) whose final status went into the metrics."""
         self._current: dict[str, int] = {}
         self._warned: set[tuple[str, str]] = set()
+        self._started: datetime | None = None
+        """When :meth:`run` began: leases done before it are not reconfigured (:mod:`.age`)."""
+        self._unfinished: set[str] = set()
+        """Leases (uid) seen in a phase other than ``Done`` since the start."""
+        self._observed_done: dict[str, datetime] = {}
+        """Leases (uid) seen unfinished, then ``Done``: when the controller first saw them done."""
+        self._passed_over: set[str] = set()
+        """Leases (uid) whose reconfiguration :func:`.age.due` declined (logged once)."""
 
     @property
     def ready(self) -> bool:
@@ -201,6 +212,7 @@ class RolloutController:
     async def run(self) -> None:
         """Watch and reconcile until cancelled."""
         log.info("rollout controller starting")
+        self._started = self._clock.now_utc()
         self._enqueue_all()
         async with asyncio.TaskGroup() as group:
             for mirror in (self._sets, self._pods, self._leases):
@@ -252,12 +264,53 @@ class RolloutController:
     def _lease_changed(self, type: WatchType, obj: JsonObj) -> None:
         status = obj.get("status") or {}
         done = isinstance(status, dict) and status.get("phase") == LeasePhase.DONE.value
+        self._observe_lease(obj, done=done, deleted=type is WatchType.DELETED)
+        if type is WatchType.DELETED:
+            return
         current = rollout.parse_rollout_status(
             (_meta(obj).get("annotations") or {}).get(keys.ANN_ROLLOUT_STATUS)
         )
-        if done and (current is None or current.phase is rollout.RolloutPhase.PROGRESSING):
+        passed_over = current is None and str(_meta(obj).get("uid") or "") in self._passed_over
+        if (
+            done
+            and not passed_over
+            and (current is None or current.phase is rollout.RolloutPhase.PROGRESSING)
+        ):
             meta = _meta(obj)
             self._queue.add(f"{LEASE_PREFIX}{meta.get('namespace')}/{meta.get('name')}")
+
+    def _observe_lease(self, obj: JsonObj, *, done: bool, deleted: bool = False) -> None:
+        """Remember what the age guard needs: leases seen unfinished, and when they turned done."""
+        uid = str(_meta(obj).get("uid") or "")
+        if not uid or self._started is None:
+            return
+        if deleted:
+            self._unfinished.discard(uid)
+            self._observed_done.pop(uid, None)
+            self._passed_over.discard(uid)
+        elif not done:
+            self._unfinished.add(uid)
+            self._observed_done.pop(uid, None)
+            self._passed_over.discard(uid)
+        elif uid in self._unfinished and uid not in self._observed_done:
+            self._observed_done[uid] = self._clock.now_utc()
+
+    def _reconfiguration_due(self, obj: JsonObj, *, key: str) -> bool:
+        """The age guard (:mod:`extender.rollout.age`) for a done lease with no rollout yet."""
+        uid = str(_meta(obj).get("uid") or "")
+        now = self._clock.now_utc()
+        verdict = age.due(
+            seen_unfinished=uid in self._unfinished,
+            completed=age.completed_at(obj),
+            observed_done=self._observed_done.get(uid),
+            started=self._started or now,
+            now=now,
+            max_age=timedelta(seconds=self._settings.reconfigure_max_age_seconds),
+        )
+        if not verdict.due and uid not in self._passed_over:
+            self._passed_over.add(uid)
+            log.info("lease reconfiguration skipped", extra=ctx(lease=key, reason=verdict.reason))
+        return verdict.due
 
     def _pod_changed(self, type: WatchType, obj: JsonObj) -> None:
         owner = _controller_of(obj)
@@ -365,11 +418,15 @@ class RolloutController:
             lease = parse_gpulease(obj)
         except ValidationError:
             return  # the lease controller reports it
+        self._observe_lease(obj, done=lease.status.phase is LeasePhase.DONE)
         if lease.status.phase is not LeasePhase.DONE:
             return
         meta = _meta(obj)
         previous = rollout.parse_rollout_status((meta.get("annotations") or {}).get(keys.ANN_ROLLOUT_STATUS))
         if previous is not None and previous.phase is not rollout.RolloutPhase.PROGRESSING:
+            self._finish(key, TRIGGER_LEASE, 0)
+            return
+        if previous is None and not self._reconfiguration_due(obj, key=key):
             self._finish(key, TRIGGER_LEASE, 0)
             return
         ref = ObjectRef(keys.API_VERSION, keys.GPULEASE_KIND, name, namespace, meta.get("uid"))

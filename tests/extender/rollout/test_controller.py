@@ -370,3 +370,52 @@ async def test_a_completed_reclaim_restarts_the_job_s_pods_in_profile_order(stor
             registry.get_sample_value("flexlease_rollouts_total", {"trigger": "lease", "outcome": "complete"})
             == 1
         )
+
+
+async def test_only_lease_completions_the_controller_observes_are_reconfigured(store: Store) -> None:
+    """The age guard (extender.rollout.age): leases already ``Done`` when the controller starts
+    — an upgrade, a new leader — and completions older than the maximum age restart nothing."""
+    owner = ("MPIJob", "job")
+    labels = {keys.LABEL_OWNER: "job", **IN_PLACE}
+    for i in range(2):
+        await store.create(Kind.POD, pod(f"job-worker-{i}", "reg/mpi:v1", owner=owner, labels=labels))
+    long_ago = "2026-01-01T00:00:00Z"
+
+    async def make_lease(name: str, *, status: dict[str, Any] | None = None) -> None:
+        await store.create(
+            Kind.GPULEASE,
+            {
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"owner": f"{NS}/job", "action": "Reclaim", "count": 1},
+            },
+        )
+        if status is not None:
+            await store.patch(Kind.GPULEASE, name, {"status": status}, namespace=NS, subresource="status")
+
+    freed = {"type": "GPUsFreed", "status": "True", "reason": "Freed", "lastTransitionTime": long_ago}
+    await make_lease("done-long-ago", status={"phase": "Done", "conditions": [freed]})
+    await make_lease("done-no-time", status={"phase": "Done"})
+    await make_lease("stale", status={"phase": "InProgress"})
+    agent = SimAgent(store)
+    async with running(store, agent):
+        await asyncio.sleep(0.1)
+        assert await requested(store) == {}, "an old completed lease restarted the job at start-up"
+        # seen InProgress, but its completion (by its conditions) is older than the maximum age
+        await store.patch(
+            Kind.GPULEASE,
+            "stale",
+            {"status": {"phase": "Done", "conditions": [freed]}},
+            namespace=NS,
+            subresource="status",
+        )
+        await make_lease("fresh", status={"phase": "InProgress"})
+        await store.patch(
+            Kind.GPULEASE, "fresh", {"status": {"phase": "Done"}}, namespace=NS, subresource="status"
+        )
+        await eventually(phase(store, "fresh", "Complete", Kind.GPULEASE))
+        await asyncio.sleep(0.05)
+        for name in ("done-long-ago", "done-no-time", "stale"):
+            assert await rollout_status(store, Kind.GPULEASE, name) == {}, name
+        assert len(agent.requests) == 2
+        fresh = await store.get(Kind.GPULEASE, "fresh", namespace=NS)
+        assert {r["id"] for _, r in agent.requests} == {f"rc-{fresh['metadata']['uid'][:8]}-trainer"}
