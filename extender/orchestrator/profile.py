@@ -6,6 +6,7 @@ roles, unknown commands and cycles. Pure: parses text, does no file or network I
 A profile (``apiVersion: flexlease.io/v1alpha1``, ``kind: FrameworkProfile``)::
 
     name: mpi
+    restartTogether: true                  # in-place rollouts restart every pod of a wave at once
     roles:
       coordinator: {critical: true}        # never noticed or evicted by a Reclaim
       worker: {}
@@ -107,6 +108,10 @@ class Profile(_Frozen):
     description: str = ""
     roles: Mapping[str, Role] = Field(min_length=1)
     commands: tuple[Command, ...] = Field(min_length=1)
+    restart_together: bool = Field(default=False, alias="restartTogether")
+    """The job cannot lose one pod while the others run on (MPI: one rank's exit aborts
+    ``mpirun``; collective training re-forms its process group): an in-place rollout restarts
+    every pod of a wave at once (``extender.rollout``) rather than one at a time."""
 
     @field_validator("roles")
     @classmethod

@@ -35,9 +35,11 @@ and plans again. Runs only on the leader (:func:`cleanup_ctx`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -54,6 +56,8 @@ from extender.lease.workqueue import WorkQueue
 from extender.orchestrator import profile as profiles
 from extender.rollout import age
 from extender.rollout import plan as rollout
+from extender.rollout.jobmirror import JobMirror
+from extender.rollout.jobs import JOB_KINDS, JobKind, job_revision_images
 from extender.rollout.order import OrdinalOrder, ProfileOrder, RestartOrder
 from flexlease.api import keys
 from flexlease.api.pod import default_owner, is_terminated, owner_from_label
@@ -70,6 +74,10 @@ log = logging.getLogger(__name__)
 
 STS_PREFIX: Final = "sts/"
 LEASE_PREFIX: Final = "lease/"
+JOB_PREFIXES: Final = {
+    kind: f"{kind.value.lower()}/" for kind in (Kind.PYTORCHJOB, Kind.MPIJOB, Kind.RAYCLUSTER)
+}
+"""Work-queue key prefixes of the training-operator kinds (``pytorchjob/<ns>/<name>``...)."""
 CONFLICT_RETRIES: Final = 5
 COMPONENT: Final = "flexlease-rollout-controller"
 ON_DELETE: Final = "OnDelete"
@@ -125,9 +133,14 @@ def _opted_in(obj: Mapping[str, Any]) -> bool:
 
 
 def _controller_of(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    ref = _controller_ref(pod)
+    return (str(ref.get("kind") or ""), str(ref.get("name") or "")) if ref is not None else None
+
+
+def _controller_ref(pod: Mapping[str, Any]) -> dict[str, Any] | None:
     for ref in _meta(pod).get("ownerReferences") or []:
         if isinstance(ref, dict) and ref.get("controller"):
-            return str(ref.get("kind") or ""), str(ref.get("name") or "")
+            return ref
     return None
 
 
@@ -177,7 +190,8 @@ class RolloutController:
         self._store = store
         self._clock: Clock = clock or SystemClock()
         self._instance = instance or socket.gethostname()
-        self._order: RestartOrder = order or ProfileOrder(profiles.builtin())
+        self._profiles = profiles.builtin()
+        self._order: RestartOrder = order or ProfileOrder(self._profiles)
         self.metrics = RolloutMetrics(registry)
         self._queue = WorkQueue(
             self._clock,
@@ -187,6 +201,30 @@ class RolloutController:
         self._sets = Mirror(store, Kind.STATEFULSET, on_change=self._set_changed)
         self._pods = Mirror(store, Kind.POD, on_change=self._pod_changed)
         self._leases = Mirror(store, Kind.GPULEASE, on_change=self._lease_changed)
+        probe = self._settings.resync_seconds
+        self._jobs: dict[Kind, JobMirror] = {
+            Kind.PYTORCHJOB: JobMirror(
+                store,
+                Kind.PYTORCHJOB,
+                on_change=functools.partial(self._job_changed, Kind.PYTORCHJOB),
+                clock=self._clock,
+                probe_seconds=probe,
+            ),
+            Kind.MPIJOB: JobMirror(
+                store,
+                Kind.MPIJOB,
+                on_change=functools.partial(self._job_changed, Kind.MPIJOB),
+                clock=self._clock,
+                probe_seconds=probe,
+            ),
+            Kind.RAYCLUSTER: JobMirror(
+                store,
+                Kind.RAYCLUSTER,
+                on_change=functools.partial(self._job_changed, Kind.RAYCLUSTER),
+                clock=self._clock,
+                probe_seconds=probe,
+            ),
+        }
         self._observed: set[tuple[str, str]] = set()
         """(pod uid, request id) whose final status went into the metrics."""
         self._current: dict[str, int] = {}
@@ -202,8 +240,16 @@ class RolloutController:
 
     @property
     def ready(self) -> bool:
-        """True once StatefulSets, Pods and GPULeases have each been listed."""
-        return all(m.listed.is_set() for m in (self._sets, self._pods, self._leases))
+        """True once StatefulSets, Pods and GPULeases have each been listed, and each
+        training-operator kind listed or found not served."""
+        return all(m.listed.is_set() for m in (self._sets, self._pods, self._leases)) and all(
+            m.settled for m in self._jobs.values()
+        )
+
+    def serves(self, kind: Kind) -> bool:
+        """Whether the training-operator ``kind`` is served (its CRD installed) and mirrored."""
+        mirror = self._jobs.get(kind)
+        return mirror is not None and mirror.served
 
     @property
     def idle(self) -> bool:
@@ -215,7 +261,7 @@ class RolloutController:
         self._started = self._clock.now_utc()
         self._enqueue_all()
         async with asyncio.TaskGroup() as group:
-            for mirror in (self._sets, self._pods, self._leases):
+            for mirror in (self._sets, self._pods, self._leases, *self._jobs.values()):
                 group.create_task(mirror.run(), name=f"rollout-mirror-{mirror.kind.value}")
             group.create_task(self._resync(), name="rollout-resync")
             group.create_task(self._work(), name="rollout-worker")
@@ -256,10 +302,18 @@ class RolloutController:
                 self._queue.add(f"{STS_PREFIX}{meta.get('namespace')}/{meta.get('name')}")
         for obj in self._leases.values():
             self._lease_changed(WatchType.MODIFIED, obj)
+        for kind, mirror in self._jobs.items():
+            for obj in mirror.values():
+                if _opted_in(obj):
+                    self._job_changed(kind, WatchType.MODIFIED, obj)
 
     def _set_changed(self, type: WatchType, obj: JsonObj) -> None:
         meta = _meta(obj)
         self._queue.add(f"{STS_PREFIX}{meta.get('namespace')}/{meta.get('name')}")
+
+    def _job_changed(self, kind: Kind, type: WatchType, obj: JsonObj) -> None:
+        meta = _meta(obj)
+        self._queue.add(f"{JOB_PREFIXES[kind]}{meta.get('namespace')}/{meta.get('name')}")
 
     def _lease_changed(self, type: WatchType, obj: JsonObj) -> None:
         status = obj.get("status") or {}
@@ -317,18 +371,64 @@ class RolloutController:
         namespace = str(_meta(obj).get("namespace") or "")
         if owner is not None and owner[0] == "StatefulSet":
             self._queue.add(f"{STS_PREFIX}{namespace}/{owner[1]}")
-        if _opted_in(obj):
+        job = JOB_KINDS.get(owner[0]) if owner is not None else None
+        if owner is not None and job is not None:
+            self._queue.add(f"{JOB_PREFIXES[job.kind]}{namespace}/{owner[1]}")
+        if self._pod_opted_in(obj):
             for lease in self._leases.values():
                 if _meta(lease).get("namespace") == namespace:
-                    self._lease_changed(type, lease)
+                    self._lease_changed(WatchType.MODIFIED, lease)
+
+    def _job_of(self, pod: Mapping[str, Any]) -> tuple[JobKind, JsonObj] | None:
+        """The training-operator job controlling ``pod`` (kind and the mirrored object), or None."""
+        ref = _controller_ref(pod)
+        job = JOB_KINDS.get(str(ref.get("kind"))) if ref is not None else None
+        if ref is None or job is None:
+            return None
+        obj = self._jobs[job.kind].get(str(_meta(pod).get("namespace") or ""), str(ref.get("name") or ""))
+        if obj is None or (
+            ref.get("uid") and _meta(obj).get("uid") and ref.get("uid") != _meta(obj).get("uid")
+        ):
+            return None
+        return job, obj
+
+    def _pod_opted_in(self, pod: Mapping[str, Any]) -> bool:
+        """The pod carries ``flexlease.io/restart-policy: InPlace``, or its training-operator
+        job does."""
+        if _opted_in(pod):
+            return True
+        found = self._job_of(pod)
+        return found is not None and _opted_in(found[1])
+
+    def _read_job_pod(self, pod: Mapping[str, Any]) -> rollout.PodState:
+        """:func:`rollout.read_pod`, with ``flexlease.io/framework`` and ``flexlease.io/role``
+        filled in from the training-operator's labels when the pod lacks them (so a lease's
+        reconfiguration follows the job's profile)."""
+        state = rollout.read_pod(pod)
+        found = self._job_of(pod)
+        replica = found[0].replica(state.labels) if found is not None else None
+        if found is None or replica is None:
+            return state
+        role = found[0].role(replica)
+        labels = {keys.LABEL_FRAMEWORK: found[0].framework, **({keys.LABEL_ROLE: role} if role else {})}
+        return dataclasses.replace(state, labels={**labels, **state.labels})
 
     # ------------------------------------------------------------------ reconcile
 
     async def reconcile(self, key: str) -> None:
-        """Reconcile one key (``sts/<ns>/<name>`` or ``lease/<ns>/<name>``) once, re-planning
-        after a conflicting write up to ``CONFLICT_RETRIES`` times (then ``Conflict``). Raises
-        ``ValueError`` on an unknown key, other ``StoreError`` s for the caller's back-off."""
-        for prefix, handler in ((STS_PREFIX, self._reconcile_set), (LEASE_PREFIX, self._reconcile_lease)):
+        """Reconcile one key (``sts/<ns>/<name>``, ``lease/<ns>/<name>``, or a job's:
+        ``pytorchjob/``, ``mpijob/``, ``raycluster/``) once, re-planning after a conflicting
+        write up to ``CONFLICT_RETRIES`` times (then ``Conflict``). Raises ``ValueError`` on an
+        unknown key, other ``StoreError`` s for the caller's back-off."""
+        handlers: list[tuple[str, Callable[..., Awaitable[None]]]] = [
+            (STS_PREFIX, self._reconcile_set),
+            (LEASE_PREFIX, self._reconcile_lease),
+            *(
+                (prefix, functools.partial(self._reconcile_job, kind))
+                for kind, prefix in JOB_PREFIXES.items()
+            ),
+        ]
+        for prefix, handler in handlers:
             if key.startswith(prefix) and key.count("/") == 2:
                 namespace, name = key[len(prefix) :].split("/")
                 for attempt in range(CONFLICT_RETRIES):
@@ -407,6 +507,97 @@ class RolloutController:
             result, previous, ref=ref, kind=Kind.STATEFULSET, obj=obj, key=key, trigger=TRIGGER_IMAGE
         )
 
+    async def _reconcile_job(self, kind: Kind, namespace: str, name: str, *, key: str) -> None:
+        """A training-operator job: its pods (controller owner reference to the job) move to
+        their templates' images, in the order of the job's framework profile; at most
+        ``flexlease.io/max-unavailable`` at once, else every pod of a wave when the profile
+        says ``restartTogether``, else one."""
+        job: JobKind = JOB_KINDS[kind.value]
+        mirror = self._jobs[kind]
+        try:
+            obj = await mirror.fetch(name, namespace)
+        except NotFound:
+            self._finish(key, TRIGGER_IMAGE, 0)
+            return
+        mirror.put(obj)
+        meta = _meta(obj)
+        uid = meta.get("uid")
+        ref = ObjectRef(job.api_version, kind.value, name, namespace, uid)
+        if not _opted_in(obj):
+            self._finish(key, TRIGGER_IMAGE, 0)
+            return
+        templates = {replica: images for replica, images in job.templates(obj).items() if images}
+        if not templates:
+            await self._warn_once(
+                ref,
+                "InvalidSpec",
+                f"{kind.value} {name} has no pod template with containers; nothing to roll out",
+                version=str(meta.get("resourceVersion")),
+            )
+            self._finish(key, TRIGGER_IMAGE, 0)
+            return
+        pods: dict[str, rollout.PodState] = {}
+        replicas: dict[str, str] = {}
+        for pod in self._pods.values():
+            pmeta = _meta(pod)
+            owner = _controller_ref(pod)
+            if pmeta.get("namespace") != namespace or owner is None:
+                continue
+            if owner.get("kind") != kind.value or owner.get("name") != name:
+                continue
+            if uid and owner.get("uid") and owner.get("uid") != uid:
+                continue  # a pod of an earlier job of the same name
+            if is_terminated(pod) or pmeta.get("deletionTimestamp"):
+                continue  # finished or leaving: the operator replaces it from the template
+            state = rollout.read_pod(pod)
+            replica = job.replica(state.labels)
+            if replica is None or replica not in templates:
+                await self._warn_once(
+                    ref,
+                    "PodNotMatched",
+                    f"pod {state.name}: its labels name no pod template of {kind.value} {name} "
+                    f"(replica {replica!r}); left alone",
+                    version=state.name,
+                )
+                continue
+            role = job.role(replica)
+            labels = {keys.LABEL_FRAMEWORK: job.framework, **({keys.LABEL_ROLE: role} if role else {})}
+            pods[state.name] = dataclasses.replace(state, labels={**labels, **state.labels})
+            replicas[state.name] = replica
+        revision = rollout.revision_of(job_revision_images(templates))
+        annotations = meta.get("annotations") or {}
+        previous = rollout.parse_rollout_status(annotations.get(keys.ANN_ROLLOUT_STATUS))
+        waves = self._order.waves(list(pods.values()))
+        targets: dict[str, dict[str, str]] = {n: dict(templates[replicas[n]]) for n in pods}
+        if previous is not None and previous.revision == revision:
+            gone = [n for n in previous.pods if n not in pods]
+            if gone:
+                waves = [*waves, gone]
+                targets.update({n: {} for n in gone})
+        frameworks = {p.labels.get(keys.LABEL_FRAMEWORK) for p in pods.values()}
+        profile = self._profiles.get(frameworks.pop() or "") if len(frameworks) == 1 else None
+        try:
+            max_unavailable = rollout.parse_max_unavailable(
+                annotations.get(keys.ANN_MAX_UNAVAILABLE), len(targets)
+            )
+        except ValueError as exc:
+            await self._warn_once(
+                ref, "InvalidSpec", f"{exc}; using 1", version=str(meta.get("resourceVersion"))
+            )
+            max_unavailable = 1
+        if keys.ANN_MAX_UNAVAILABLE not in annotations and profile is not None and profile.restart_together:
+            max_unavailable = max(1, len(targets))
+        result = rollout.plan(
+            revision=revision,
+            targets=targets,
+            waves=waves,
+            pods=pods,
+            previous=previous,
+            max_unavailable=max_unavailable,
+            now=self._clock.now_utc(),
+        )
+        await self._apply(result, previous, ref=ref, kind=kind, obj=obj, key=key, trigger=TRIGGER_IMAGE)
+
     async def _reconcile_lease(self, namespace: str, name: str, *, key: str) -> None:
         try:
             obj = await self._store.get(Kind.GPULEASE, name, namespace=namespace)
@@ -433,7 +624,7 @@ class RolloutController:
         pods: dict[str, rollout.PodState] = {}
         for pod in self._pods.values():
             pmeta = _meta(pod)
-            if pmeta.get("namespace") != namespace or not _opted_in(pod) or is_terminated(pod):
+            if pmeta.get("namespace") != namespace or not self._pod_opted_in(pod) or is_terminated(pod):
                 continue
             if pmeta.get("deletionTimestamp"):
                 continue  # leaving (a lend scales the job down)
@@ -443,7 +634,7 @@ class RolloutController:
                 continue
             if previous is not None and pmeta.get("name") not in previous.pods:
                 continue  # the set is fixed when the reconfiguration starts
-            pods[str(pmeta.get("name"))] = rollout.read_pod(pod)
+            pods[str(pmeta.get("name"))] = self._read_job_pod(pod)
         waves = self._order.waves(list(pods.values()))
         if previous is not None:
             gone = [n for n in previous.pods if n not in pods]
@@ -527,6 +718,13 @@ class RolloutController:
                     Kind.STATEFULSET, ref.name, patch, namespace=ref.namespace, resource_version=version
                 )
                 self._sets.put(new)
+            elif kind in self._jobs:
+                await self._jobs[kind].annotate(
+                    ref.name,
+                    ref.namespace or "",
+                    {keys.ANN_ROLLOUT_STATUS: status.render()},
+                    resource_version=version,
+                )
             else:
                 new = await self._store.patch(
                     Kind.GPULEASE, ref.name, patch, namespace=ref.namespace, resource_version=version
@@ -582,9 +780,7 @@ class RolloutController:
         else:
             self._current.pop(key, None)
         total = sum(
-            n
-            for k, n in self._current.items()
-            if k.startswith(STS_PREFIX if trigger == TRIGGER_IMAGE else LEASE_PREFIX)
+            n for k, n in self._current.items() if k.startswith(LEASE_PREFIX) == (trigger == TRIGGER_LEASE)
         )
         self.metrics.in_progress.labels(trigger=trigger).set(total)
 

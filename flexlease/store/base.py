@@ -47,6 +47,11 @@ class Kind(enum.StrEnum):
     PDB = "PodDisruptionBudget"  # policy/v1, consulted by evict
     NODE = "Node"  # core/v1, cluster-scoped; read by /bind to refuse nodes that do not exist
     STATEFULSET = "StatefulSet"  # apps/v1; watched by the in-place rollout (extender.rollout)
+    # Training-operator jobs, custom resources of other projects (no dependency on their code):
+    # read and annotated by the in-place rollout (extender.rollout.jobs)
+    PYTORCHJOB = "PyTorchJob"  # kubeflow.org/v1 (kubeflow/training-operator)
+    MPIJOB = "MPIJob"  # kubeflow.org/v1 (kubeflow/training-operator)
+    RAYCLUSTER = "RayCluster"  # ray.io/v1 (ray-project/kuberay)
 
     @property
     def namespaced(self) -> bool:

@@ -122,6 +122,33 @@ RESOURCES: Final[dict[Kind, Resource]] = {
             namespaced=True,
             status_subresource=True,
         ),
+        # custom resources of other operators, served by the same generic paths as flexlease's
+        # own CRDs (plurals from kubeflow/training-operator pkg/apis/kubeflow.org/v1 and
+        # ray-project/kuberay ray-operator/apis/ray/v1)
+        Resource(
+            kind=Kind.PYTORCHJOB,
+            group="kubeflow.org",
+            version="v1",
+            plural="pytorchjobs",
+            namespaced=True,
+            status_subresource=True,
+        ),
+        Resource(
+            kind=Kind.MPIJOB,
+            group="kubeflow.org",
+            version="v1",
+            plural="mpijobs",
+            namespaced=True,
+            status_subresource=True,
+        ),
+        Resource(
+            kind=Kind.RAYCLUSTER,
+            group="ray.io",
+            version="v1",
+            plural="rayclusters",
+            namespaced=True,
+            status_subresource=True,
+        ),
     )
 }
 """Every kind a store serves, by :class:`Kind`."""

@@ -38,10 +38,24 @@ API_VERSIONS: Final[Mapping[Kind, str]] = {
     Kind.PDB: "policy/v1",
     Kind.NODE: "v1",
     Kind.STATEFULSET: "apps/v1",
+    Kind.PYTORCHJOB: "kubeflow.org/v1",
+    Kind.MPIJOB: "kubeflow.org/v1",
+    Kind.RAYCLUSTER: "ray.io/v1",
 }
 """``apiVersion`` of each kind, set on create."""
 
-STATUS_SUBRESOURCE: Final = frozenset({Kind.POD, Kind.GPUNODE, Kind.GPULEASE, Kind.NODE, Kind.STATEFULSET})
+STATUS_SUBRESOURCE: Final = frozenset(
+    {
+        Kind.POD,
+        Kind.GPUNODE,
+        Kind.GPULEASE,
+        Kind.NODE,
+        Kind.STATEFULSET,
+        Kind.PYTORCHJOB,  # +kubebuilder:subresource:status in training-operator's types
+        Kind.MPIJOB,
+        Kind.RAYCLUSTER,  # and in kuberay's
+    }
+)
 """Kinds whose ``status`` only the ``status`` subresource writes (create drops it)."""
 
 FIRST_REVISION: Final = 1

@@ -26,6 +26,7 @@ import pytest
 
 from flexlease.errors import Conflict, Gone, NotFound, StoreError, TooManyRequests
 from flexlease.store.base import EventType, JsonObj, Kind, Selector, Store, WatchEvent
+from tests.store import operator_payloads
 
 TIMEOUT = 5.0
 NS = "team-a"
@@ -374,6 +375,78 @@ class StoreContract:
         assert await names(Selector(fields={"metadata.name": "b"})) == ["b"]
         both = Selector(labels={"flexlease.io/priority": "low"}, fields={"spec.nodeName": "gpu-1"})
         assert await names(both) == ["b"]
+
+    # -- other operators' custom objects (training-operator jobs, KubeRay clusters) -----------
+
+    async def test_operator_custom_objects_get_list_and_patch(self, store: Store) -> None:
+        """PyTorchJobs, MPIJobs and RayClusters are stored as sent (their operators' schemas),
+        listed with ``kind``/``apiVersion``, patched by merge patch; ``status`` only through
+        the status subresource."""
+        objs = {
+            Kind.PYTORCHJOB: operator_payloads.pytorchjob("pt", NS, image="reg/pt:v1"),
+            Kind.MPIJOB: operator_payloads.mpijob("mpi", NS, image="reg/mpi:v1"),
+            Kind.RAYCLUSTER: operator_payloads.raycluster("ray", NS, image="reg/ray:v1"),
+        }
+        for kind, obj in objs.items():
+            created = await store.create(kind, {**obj, "status": {"conditions": []}})
+            assert "status" not in created
+            assert created["spec"] == obj["spec"]
+            assert (created["kind"], created["apiVersion"]) == (obj["kind"], obj["apiVersion"])
+            name = obj["metadata"]["name"]
+            assert await store.get(kind, name, namespace=NS) == created
+            listed = await store.list(kind, namespace=NS)
+            assert [(o["kind"], o["apiVersion"], o["metadata"]["name"]) for o in listed.items] == [
+                (obj["kind"], obj["apiVersion"], name)
+            ]
+            assert (await store.list(kind, namespace="team-b")).items == []
+            status = await store.patch(
+                kind,
+                name,
+                {"status": {"startTime": "2026-11-22T10:00:00Z"}},
+                namespace=NS,
+                subresource="status",
+            )
+            assert status["status"] == {"startTime": "2026-11-22T10:00:00Z"}
+        head = {
+            "spec": {
+                "headGroupSpec": {
+                    "template": {"spec": {"containers": [{"name": "ray-head", "image": "reg/ray:v2"}]}}
+                }
+            }
+        }
+        patched = await store.patch(Kind.RAYCLUSTER, "ray", head, namespace=NS)
+        assert patched["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] == "reg/ray:v2"
+        assert patched["spec"]["workerGroupSpecs"] == objs[Kind.RAYCLUSTER]["spec"]["workerGroupSpecs"]
+        assert patched["spec"]["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0"}
+        with pytest.raises(NotFound):
+            await store.get(Kind.PYTORCHJOB, "mpi", namespace=NS)  # kinds are separate
+
+    async def test_operator_custom_objects_watch(self, store: Store) -> None:
+        listed = await store.list(Kind.PYTORCHJOB)
+        async with watching(store, Kind.PYTORCHJOB, listed.resource_version) as watch:
+            job = await store.create(
+                Kind.PYTORCHJOB, operator_payloads.pytorchjob("pt", NS, image="reg/pt:v1")
+            )
+            await store.create(
+                Kind.MPIJOB, operator_payloads.mpijob("mpi", NS, image="reg/mpi:v1")
+            )  # not seen
+            edit = {
+                "spec": {
+                    "pytorchReplicaSpecs": {
+                        "Worker": {
+                            "template": {"spec": {"containers": [{"name": "pytorch", "image": "reg/pt:v2"}]}}
+                        }
+                    }
+                }
+            }
+            edited = await store.patch(Kind.PYTORCHJOB, "pt", edit, namespace=NS)
+            await store.delete(Kind.PYTORCHJOB, "pt", namespace=NS)
+            events = await next_events(watch, 3)
+        assert summary(events) == [("ADDED", "pt"), ("MODIFIED", "pt"), ("DELETED", "pt")]
+        assert events[0].object == job and events[1].object == edited
+        assert edited["spec"]["pytorchReplicaSpecs"]["Master"] == job["spec"]["pytorchReplicaSpecs"]["Master"]
+        worker = edited["spec"]["pytorchReplicaSpecs"]["Worker"]
+        assert worker["replicas"] == 2 and worker["template"]["spec"]["containers"][0]["image"] == "reg/pt:v2"
 
     # -- watch ---------------------------------------------------------------------------
 

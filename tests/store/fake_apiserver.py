@@ -4,7 +4,8 @@ What it serves (the subset flexlease uses, with the API server's own semantics):
 
 * Kinds: Pods, Events (core/v1), Leases (coordination.k8s.io/v1), PodDisruptionBudgets
   (policy/v1), StatefulSets (apps/v1), GPUNodes (cluster-scoped) and GPULeases (flexlease.io/v1alpha1 CRDs with the
-  status subresource). URL layout as kube-apiserver's (``/api/v1/namespaces/{ns}/pods``,
+  status subresource), and other operators' custom resources with the status subresource:
+  PyTorchJobs and MPIJobs (kubeflow.org/v1), RayClusters (ray.io/v1). URL layout as kube-apiserver's (``/api/v1/namespaces/{ns}/pods``,
   ``/apis/flexlease.io/v1alpha1/gpunodes/{name}/status``).
 * ``GET`` list: ``{"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion",
   "continue", "remainingItemCount"}, "items": [...]}``; built-in kinds' items carry no
@@ -35,7 +36,8 @@ What it serves (the subset flexlease uses, with the API server's own semantics):
 Test controls: :meth:`FakeApiServer.put` (write an object as a controller/kubelet would,
 status included), :meth:`kubelet_start`, :meth:`remove`, :meth:`compact` (drop watch
 history: resumes get 410), :meth:`drop_watches` (cut every watch connection),
-:meth:`restart` (the server goes away and comes back on the same port), :meth:`fail` and
+:meth:`restart` (the server goes away and comes back on the same port), ``unserved`` (custom
+resources whose CRD is not installed: 404), :meth:`fail` and
 :meth:`stall` (inject answers and delays), ``latency`` (a delay on every request),
 ``requests`` (what came in). :func:`any_store` opens a memory, sqlite or kube store for
 tests that must hold on every store.
@@ -175,8 +177,12 @@ class FakeApiServer:
         kubelet_confirms_deletion: bool = True,
         gone_as_http_status: bool = False,
         first_resource_version: int = 1000,
+        unserved: frozenset[str] = frozenset(),
     ) -> None:
         self.token = token
+        self.unserved = set(unserved)
+        """Plurals (``rayclusters``) of custom resources whose CRD is not installed: their
+        paths answer 404 as for any unknown resource. Clear to "install" them."""
         self.ssl_context = ssl_context
         self.history = history
         self.bookmark_interval = bookmark_interval
@@ -527,6 +533,8 @@ class FakeApiServer:
         if not rest or len(rest) > 3:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         res = _BY_PATH.get((group, version, rest[0]))
+        if res is not None and not res.builtin and res.plural in self.unserved:
+            res = None  # its CRD is not installed
         if res is None or (ns and not res.namespaced):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         name = rest[1] if len(rest) > 1 else ""

@@ -160,6 +160,38 @@ API_RESOURCES: tuple[ApiResource, ...] = (
         field_labels=_META_FIELDS,
         builtin=True,
     ),
+    # other operators' custom resources (no CRD schema here: stored as sent, as with
+    # x-kubernetes-preserve-unknown-fields; items carry kind/apiVersion like every CR)
+    ApiResource(
+        group="kubeflow.org",
+        version="v1",
+        plural="pytorchjobs",
+        kind="PyTorchJob",
+        namespaced=True,
+        subresources=frozenset({"status"}),
+        field_labels=_META_FIELDS,
+        builtin=False,
+    ),
+    ApiResource(
+        group="kubeflow.org",
+        version="v1",
+        plural="mpijobs",
+        kind="MPIJob",
+        namespaced=True,
+        subresources=frozenset({"status"}),
+        field_labels=_META_FIELDS,
+        builtin=False,
+    ),
+    ApiResource(
+        group="ray.io",
+        version="v1",
+        plural="rayclusters",
+        kind="RayCluster",
+        namespaced=True,
+        subresources=frozenset({"status"}),
+        field_labels=_META_FIELDS,
+        builtin=False,
+    ),
     ApiResource(
         group="flexlease.io",
         version="v1alpha1",

@@ -47,10 +47,10 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, within: float = 10
 
 @contextlib.asynccontextmanager
 async def running(
-    store: Store, agent: SimAgent
+    store: Store, agent: SimAgent, *, clock: ManualClock | None = None
 ) -> AsyncIterator[tuple[RolloutController, CollectorRegistry]]:
     registry = CollectorRegistry()
-    clock = ManualClock(datetime.now(UTC).replace(microsecond=0))
+    clock = clock or ManualClock(datetime.now(UTC).replace(microsecond=0))
     controller = RolloutController(Settings(), store, registry=registry, clock=clock, instance="test")
     tasks = [
         asyncio.create_task(controller.run(), name="rollout-under-test"),
