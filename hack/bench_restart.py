@@ -22,8 +22,9 @@ times:
   which changes the spec hash so that the kubelet restarts it at once, without back-off).
 
 Prints a Markdown table: per run, every duration (the hot restarts with ``pause``: no
-trainer running, from CRI timestamps for the spec patch) and the ratios recreate / direct
-and recreate / spec patch; then the medians. Needs root (the testbed does).
+trainer running, from CRI timestamps for the spec patch) and the ratios recreate / direct,
+recreate / spec patch and the pause under the two strategies (spec patch / direct); then the
+medians, and a line with both pauses and their ratio. Needs root (the testbed does).
 
     python hack/bench_restart.py [--runs 5] [--image-mib 256] [--checkpoint-mib 256]
 """
@@ -261,8 +262,9 @@ def table(rows: list[Row]) -> str:
     lines = [
         "| run | full recreate (s) | teardown + sandbox + pull + ckpt + create/start "
         "| direct (s) | direct pause | spec patch, new image (s) | its pause "
-        "| spec patch, same image, tag↔digest (s) | its pause | recreate / direct | recreate / spec patch |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| spec patch, same image, tag↔digest (s) | its pause | recreate / direct | recreate / spec patch "
+        "| pause: spec patch / direct |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def cells(r: Row) -> tuple[float, ...]:
@@ -276,6 +278,7 @@ def table(rows: list[Row]) -> str:
             r.spec_same.pause,
             r.recreate.total / r.direct.total,
             r.recreate.total / r.spec_new.total,
+            r.spec_new.pause / r.direct.pause,
         )
 
     for i, r in enumerate(rows, 1):
@@ -284,12 +287,17 @@ def table(rows: list[Row]) -> str:
         v = cells(r)
         lines.append(
             f"| {i} | {v[0]:.3f} | {parts} | {v[1]:.3f} | {v[2]:.3f} | {v[3]:.3f} | {v[4]:.3f} "
-            f"| {v[5]:.3f} | {v[6]:.3f} | {v[7]:.1f}× | {v[8]:.1f}× |"
+            f"| {v[5]:.3f} | {v[6]:.3f} | {v[7]:.1f}× | {v[8]:.1f}× | {v[9]:.2f}× |"
         )
-    m = [statistics.median(cells(r)[k] for r in rows) for k in range(9)]
+    m = [statistics.median(cells(r)[k] for r in rows) for k in range(10)]
     lines.append(
         f"| median | {m[0]:.3f} | | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.3f} | {m[4]:.3f} | {m[5]:.3f} "
-        f"| {m[6]:.3f} | {m[7]:.1f}× | {m[8]:.1f}× |"
+        f"| {m[6]:.3f} | {m[7]:.1f}× | {m[8]:.1f}× | {m[9]:.2f}× |"
+    )
+    lines.append(
+        f"\npause the pod sees (median): kubelet strategy (spec patch, new image) {m[4]:.3f} s, "
+        f"direct strategy (agent CRI restart) {m[2]:.3f} s; ratio kubelet / direct "
+        f"{m[4] / m[2]:.2f}× (medians), {m[9]:.2f}× (median of per-run ratios)"
     )
     return "\n".join(lines)
 

@@ -1,8 +1,8 @@
 """The in-place rollout controller (WeFlex §3.3 "Transforming K8s for In-Situ Restart", §3.2
 step e): turns workload image edits and completed lends/reclaims into hot restarts.
 
-Layout as the lease controller's: three :class:`~extender.lease.mirror.Mirror` s (StatefulSets,
-Pods, GPULeases) only enqueue keys; one worker reconciles them, level-triggered, planning with
+Layout as the lease controller's: :class:`~extender.lease.mirror.Mirror` s (StatefulSets, Pods,
+GPULeases, the training-operator kinds) only enqueue keys; one worker reconciles them, level-triggered, planning with
 :func:`extender.rollout.plan.plan`:
 
 * ``sts/<ns>/<name>``: a StatefulSet labelled ``flexlease.io/restart-policy: InPlace`` with
@@ -15,6 +15,14 @@ Pods, GPULeases) only enqueue keys; one worker reconciles them, level-triggered,
   still running, then — under a kubelet — patches the pod spec's image itself so kubelet
   restarts the container in its sandbox; the controller never touches the pod spec. A
   StatefulSet without the label, or with ``RollingUpdate``, is left to Kubernetes.
+* ``pytorchjob/``, ``mpijob/``, ``raycluster/<ns>/<name>``: a training-operator job
+  (kubeflow.org/v1 PyTorchJob, MPIJob; ray.io/v1 RayCluster) labelled ``InPlace``: when one of
+  its pod templates' images changes (:mod:`extender.rollout.jobs` reads them), the pods made
+  from it — those whose controller owner reference names the job, mapped to templates by the
+  operators' replica labels — get hot-restart requests in the order of the job's framework
+  profile, a wave at once when the profile says ``restartTogether``, else one pod at a time
+  (``flexlease.io/max-unavailable`` on the job overrides). The kinds are mirrored by
+  :class:`~extender.rollout.jobmirror.JobMirror`, which waits quietly while a kind is not served.
 * ``lease/<ns>/<name>``: a GPULease (Lend or Reclaim) that reached ``Done`` — a completion this
   controller observed, never an old one found at start-up (:mod:`extender.rollout.age`): the owner's pods
   labelled ``flexlease.io/restart-policy: InPlace`` that ran before it (not those created to
@@ -23,7 +31,7 @@ Pods, GPULeases) only enqueue keys; one worker reconciles them, level-triggered,
   its new GPU set, in waves from the job's framework profile
   (:mod:`extender.rollout.order`), every pod of a wave at once.
 
-Progress goes to ``flexlease.io/rollout-status`` on the StatefulSet or the GPULease (JSON:
+Progress goes to ``flexlease.io/rollout-status`` on the StatefulSet, the job or the GPULease (JSON:
 revision, phase, updated/total, current, lastError, skipped, per-pod restart and pause
 seconds), Events (``RolloutStarted``, ``RolloutComplete``, ``RolloutFailed``,
 ``RolloutSuperseded``, ``PodSkipped``, ``InvalidSpec``, ``InPlaceIgnored`` on the workload;

@@ -243,8 +243,7 @@ async def test_without_the_operators_crds_the_controller_still_rolls_statefulset
             async with running(store, agent, clock=clock) as (controller, _):
                 assert controller.ready
                 await edit_image(store, "rec", "reg/trainer:v2")
-                await eventually(phase(store, "rec", "Complete"))
-                assert set(await requested(store)) == {"rec-0", "rec-1"}
+                await eventually(restarted(store, Kind.STATEFULSET, "rec", {"rec-0", "rec-1"}))
                 assert not controller.serves(Kind.PYTORCHJOB)
                 api.unserved.clear()  # the training-operator is installed
                 await clock.advance(30.0)  # the next probe (lease.resync_seconds)
