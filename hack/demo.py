@@ -836,7 +836,13 @@ async def amain(args: argparse.Namespace) -> int:
             out / "extender.log",
             speedup=args.speedup,
             log_level="INFO",
-            extra_env={"FLEXLEASE_LEASE__RESYNC_SECONDS": "60"},
+            extra_env={
+                "FLEXLEASE_LEASE__RESYNC_SECONDS": "60",
+                # the extender's clock runs --speedup times faster (a real second is 900
+                # simulated ones at the default): the reconfiguration after a lease may start
+                # up to a simulated day after it completed (the leases all start after the extender)
+                "FLEXLEASE_LEASE__RECONFIGURE_MAX_AGE_SECONDS": "86400",
+            },
         ) as extender,
         aiohttp.ClientSession() as session,
         GrpcCri(testbed.endpoint, timeout_seconds=20, pull_timeout_seconds=120) as cri,
