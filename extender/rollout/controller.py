@@ -2,8 +2,8 @@
 step e): turns workload image edits and completed lends/reclaims into hot restarts.
 
 Layout as the lease controller's: :class:`~extender.lease.mirror.Mirror` s (StatefulSets, Pods,
-GPULeases, the training-operator kinds) only enqueue keys; one worker reconciles them, level-triggered, planning with
-:func:`extender.rollout.plan.plan`:
+GPULeases, the training-operator kinds) only enqueue keys; one worker reconciles them,
+level-triggered, planning with :func:`extender.rollout.plan.plan`:
 
 * ``sts/<ns>/<name>``: a StatefulSet labelled ``flexlease.io/restart-policy: InPlace`` with
   ``updateStrategy.type: OnDelete`` (Kubernetes itself then never replaces its pods). When its
@@ -178,6 +178,14 @@ def _started_with_new_gpus(pod: Mapping[str, Any], lease: Mapping[str, Any]) -> 
         return isinstance(created, str) and isinstance(since, str) and parse_time(created) > parse_time(since)
     except ValueError:
         return False  # unreadable: restart it rather than leave it on a stale GPU set
+
+
+def _with_role(state: rollout.PodState, job: JobKind, replica: str) -> rollout.PodState:
+    """``state`` with ``flexlease.io/framework`` and ``flexlease.io/role`` from the job's kind
+    and the pod's replica, unless the pod's own labels set them (those win)."""
+    role = job.role(replica)
+    labels = {keys.LABEL_FRAMEWORK: job.framework, **({keys.LABEL_ROLE: role} if role else {})}
+    return dataclasses.replace(state, labels={**labels, **state.labels})
 
 
 class RolloutController:
@@ -417,9 +425,7 @@ class RolloutController:
         replica = found[0].replica(state.labels) if found is not None else None
         if found is None or replica is None:
             return state
-        role = found[0].role(replica)
-        labels = {keys.LABEL_FRAMEWORK: found[0].framework, **({keys.LABEL_ROLE: role} if role else {})}
-        return dataclasses.replace(state, labels={**labels, **state.labels})
+        return _with_role(state, found[0], replica)
 
     # ------------------------------------------------------------------ reconcile
 
@@ -568,9 +574,7 @@ class RolloutController:
                     version=state.name,
                 )
                 continue
-            role = job.role(replica)
-            labels = {keys.LABEL_FRAMEWORK: job.framework, **({keys.LABEL_ROLE: role} if role else {})}
-            pods[state.name] = dataclasses.replace(state, labels={**labels, **state.labels})
+            pods[state.name] = _with_role(state, job, replica)
             replicas[state.name] = replica
         revision = rollout.revision_of(job_revision_images(templates))
         annotations = meta.get("annotations") or {}
