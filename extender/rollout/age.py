@@ -13,8 +13,9 @@ start-up would interrupt training across the cluster for nothing. So a ``Done`` 
   start (the lease completed while the controller was listing);
 
 and in both cases never when the completion is older than ``max_age`` (config
-``lease.reconfigure_max_age_seconds``). A lease whose rollout already started (status
-present) is always carried on: a restart mid-rollout must not strand half a job.
+``lease.reconfigure_max_age_seconds``). A lease passed over gets a ``Skipped`` rollout status
+with the reason (decided once). A lease whose rollout already started (status present) is
+always carried on: a restart mid-rollout must not strand half a job.
 """
 
 from __future__ import annotations

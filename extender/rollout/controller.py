@@ -251,8 +251,6 @@ class RolloutController:
         """Leases (uid) seen in a phase other than ``Done`` since the start."""
         self._observed_done: dict[str, datetime] = {}
         """Leases (uid) seen unfinished, then ``Done``: when the controller first saw them done."""
-        self._passed_over: set[str] = set()
-        """Leases (uid) whose reconfiguration :func:`.age.due` declined (logged once)."""
 
     @property
     def ready(self) -> bool:
@@ -340,12 +338,7 @@ class RolloutController:
         current = rollout.parse_rollout_status(
             (_meta(obj).get("annotations") or {}).get(keys.ANN_ROLLOUT_STATUS)
         )
-        passed_over = current is None and str(_meta(obj).get("uid") or "") in self._passed_over
-        if (
-            done
-            and not passed_over
-            and (current is None or current.phase is rollout.RolloutPhase.PROGRESSING)
-        ):
+        if done and (current is None or current.phase is rollout.RolloutPhase.PROGRESSING):
             meta = _meta(obj)
             self._queue.add(f"{LEASE_PREFIX}{meta.get('namespace')}/{meta.get('name')}")
 
@@ -357,19 +350,17 @@ class RolloutController:
         if deleted:
             self._unfinished.discard(uid)
             self._observed_done.pop(uid, None)
-            self._passed_over.discard(uid)
         elif not done:
             self._unfinished.add(uid)
             self._observed_done.pop(uid, None)
-            self._passed_over.discard(uid)
         elif uid in self._unfinished and uid not in self._observed_done:
             self._observed_done[uid] = self._clock.now_utc()
 
-    def _reconfiguration_due(self, obj: JsonObj, *, key: str) -> bool:
+    def _reconfiguration_due(self, obj: JsonObj) -> age.Verdict:
         """The age guard (:mod:`extender.rollout.age`) for a done lease with no rollout yet."""
         uid = str(_meta(obj).get("uid") or "")
         now = self._clock.now_utc()
-        verdict = age.due(
+        return age.due(
             seen_unfinished=uid in self._unfinished,
             completed=age.completed_at(obj),
             observed_done=self._observed_done.get(uid),
@@ -377,10 +368,6 @@ class RolloutController:
             now=now,
             max_age=timedelta(seconds=self._settings.reconfigure_max_age_seconds),
         )
-        if not verdict.due and uid not in self._passed_over:
-            self._passed_over.add(uid)
-            log.info("lease reconfiguration skipped", extra=ctx(lease=key, reason=verdict.reason))
-        return verdict.due
 
     def _pod_changed(self, type: WatchType, obj: JsonObj) -> None:
         owner = _controller_of(obj)
@@ -629,7 +616,28 @@ class RolloutController:
         if previous is not None and previous.phase is not rollout.RolloutPhase.PROGRESSING:
             self._finish(key, TRIGGER_LEASE, 0)
             return
-        if previous is None and not self._reconfiguration_due(obj, key=key):
+        verb = "reclaim" if lease.spec.action is LeaseAction.RECLAIM else "lend"
+        verdict = self._reconfiguration_due(obj) if previous is None else age.Verdict(True)
+        if not verdict.due:
+            # recorded, so that it is decided once and readers (the orchestrator's relaunch)
+            # see that no in-place restart follows this lease
+            now = self._clock.now_utc()
+            skipped = rollout.RolloutStatus(
+                revision=f"{verb}-{name}",
+                phase=rollout.RolloutPhase.SKIPPED,
+                message=f"not reconfigured in place: {verdict.reason}",
+                started_at=now,
+                finished_at=now,
+            )
+            new = await self._store.patch(
+                Kind.GPULEASE,
+                name,
+                {"metadata": {"annotations": {keys.ANN_ROLLOUT_STATUS: skipped.render()}}},
+                namespace=namespace,
+                resource_version=meta.get("resourceVersion"),
+            )
+            self._leases.put(new)
+            log.info("lease reconfiguration skipped", extra=ctx(lease=key, reason=verdict.reason))
             self._finish(key, TRIGGER_LEASE, 0)
             return
         ref = ObjectRef(keys.API_VERSION, keys.GPULEASE_KIND, name, namespace, meta.get("uid"))
@@ -659,7 +667,6 @@ class RolloutController:
         for pod_name in previous.pods if previous is not None else ():
             targets.setdefault(pod_name, {})
         prefix = f"rc-{str(meta.get('uid') or name)[:8]}"
-        verb = "reclaim" if lease.spec.action is LeaseAction.RECLAIM else "lend"
         result = rollout.plan(
             revision=f"{verb}-{name}",
             targets=targets,

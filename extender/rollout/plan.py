@@ -45,6 +45,8 @@ class RolloutPhase(enum.StrEnum):
     PROGRESSING = "Progressing"
     COMPLETE = "Complete"
     FAILED = "Failed"
+    SKIPPED = "Skipped"
+    """A lease's reconfiguration that the age guard declined (``extender.rollout.age``)."""
 
 
 class RolloutStatus(KubeModel):
@@ -54,7 +56,7 @@ class RolloutStatus(KubeModel):
     stopped; ``skipped``: expected pods that were absent; ``restartSeconds``: pod →
     ``totalSeconds`` of its hot restart; ``pauseSeconds``: pod → the pause it saw;
     ``superseded``: the revision this one replaced mid-flight; ``pods``: the pods the rollout
-    covers (fixed when it starts)."""
+    covers (fixed when it starts); ``message``: why a rollout was ``Skipped``."""
 
     revision: str
     phase: RolloutPhase
@@ -69,6 +71,7 @@ class RolloutStatus(KubeModel):
     pods: tuple[str, ...] = ()
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    message: str | None = None
 
     def render(self) -> str:
         """The annotation value (compact JSON, sorted keys)."""

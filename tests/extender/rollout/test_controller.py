@@ -374,7 +374,8 @@ async def test_a_completed_reclaim_restarts_the_job_s_pods_in_profile_order(stor
 
 async def test_only_lease_completions_the_controller_observes_are_reconfigured(store: Store) -> None:
     """The age guard (extender.rollout.age): leases already ``Done`` when the controller starts
-    — an upgrade, a new leader — and completions older than the maximum age restart nothing."""
+    — an upgrade, a new leader — and completions older than the maximum age restart nothing;
+    their rollout status says ``Skipped`` and why, so each is decided once."""
     owner = ("MPIJob", "job")
     labels = {keys.LABEL_OWNER: "job", **IN_PLACE}
     for i in range(2):
@@ -414,8 +415,15 @@ async def test_only_lease_completions_the_controller_observes_are_reconfigured(s
         )
         await eventually(phase(store, "fresh", "Complete", Kind.GPULEASE))
         await asyncio.sleep(0.05)
-        for name in ("done-long-ago", "done-no-time", "stale"):
-            assert await rollout_status(store, Kind.GPULEASE, name) == {}, name
+        reasons_ = {
+            "done-long-ago": "over the maximum age",  # also before the start
+            "done-no-time": "done before this controller started, completion time unknown",
+            "stale": "over the maximum age",
+        }
+        for name, reason in reasons_.items():
+            status = await rollout_status(store, Kind.GPULEASE, name)
+            assert (status["phase"], status["total"]) == ("Skipped", 0), name
+            assert reason in status["message"], (name, status["message"])
         assert len(agent.requests) == 2
         fresh = await store.get(Kind.GPULEASE, "fresh", namespace=NS)
         assert {r["id"] for _, r in agent.requests} == {f"rc-{fresh['metadata']['uid'][:8]}-trainer"}
