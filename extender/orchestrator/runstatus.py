@@ -224,6 +224,12 @@ def decide(
     ro = rollout.parse_rollout_status(annotations.get(keys.ANN_ROLLOUT_STATUS))
     if ro is not None and ro.phase is rollout.RolloutPhase.FAILED:
         return refused(f"the in-place restarts after the lease failed: {ro.last_error or 'no detail'}")
+    if ro is not None and ro.phase is rollout.RolloutPhase.SKIPPED:
+        # the rollout controller's age guard passed this completion over (a lease done before
+        # it started, or too old): its job reconfigured long ago, so no commands run either
+        return Decision(
+            Action.NONE, f"the lease's reconfiguration was skipped: {ro.message or 'no detail'}", lease=lease
+        )
     if ro is not None and ro.phase is rollout.RolloutPhase.PROGRESSING:
         return Decision(Action.WAIT, f"in-place restarts in progress ({ro.updated}/{ro.total})", lease=lease)
     opted_in = any(_labels(p).get(keys.LABEL_RESTART_POLICY) == keys.RESTART_POLICY_IN_PLACE for p in members)

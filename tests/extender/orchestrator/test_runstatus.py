@@ -104,6 +104,16 @@ def test_the_run_waits_for_the_in_place_restarts() -> None:
     assert d.action is Action.REFUSE and d.reason.endswith("failed: w-1: image pull failed")
 
 
+def test_no_run_for_a_lease_whose_reconfiguration_the_age_guard_skipped() -> None:
+    skipped = (
+        '{"revision":"lend-lend-1","phase":"Skipped","message":"completed before this controller started"}'
+    )
+    for pods in (ray_job(), ray_job(**{keys.LABEL_RESTART_POLICY: keys.RESTART_POLICY_IN_PLACE})):
+        d = decide(done_lease(annotations={keys.ANN_ROLLOUT_STATUS: skipped}), pods, PROFILES, now=NOW)
+        assert d.action is Action.NONE
+        assert d.reason == "the lease's reconfiguration was skipped: completed before this controller started"
+
+
 def test_a_running_status_resumes_with_its_steps_and_a_final_one_is_never_rerun() -> None:
     first = decide(done_lease(), ray_job(), PROFILES, now=NOW)
     assert first.status is not None
