@@ -10,7 +10,6 @@ import logging
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from flexlease.aiotask import cancel_and_wait
 from flexlease.logging import ctx
 
 log = logging.getLogger(__name__)
@@ -28,7 +27,9 @@ async def running(coro: Coroutine[Any, Any, None], *, name: str) -> AsyncIterato
         yield task
     finally:
         task.remove_done_callback(_report_exit)
-        await cancel_and_wait(task)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _report_exit(task: asyncio.Task[None]) -> None:

@@ -44,7 +44,6 @@ from typing import Any, Final
 
 import grpc
 
-from flexlease.aiotask import cancel_and_wait
 from nodeagent.deviceplugin import deviceplugin_pb2 as pb
 from nodeagent.deviceplugin import podresources_pb2 as prpb
 from nodeagent.deviceplugin import rpc
@@ -189,13 +188,17 @@ class DeviceKubelet:
     @staticmethod
     async def _close(plugin: Plugin) -> None:
         if plugin.stream is not None:
-            await cancel_and_wait(plugin.stream)
+            plugin.stream.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await plugin.stream
         await plugin.channel.close()
 
     async def stop(self) -> None:
         """Stop serving (plugin sockets are left as they are)."""
         if self._status_task is not None:
-            await cancel_and_wait(self._status_task)
+            self._status_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._status_task
             self._status_task = None
         await self._drop_plugins()
         for server in (self._registration, self._pod_resources):

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Mapping
 
 from extender.orchestrator.profile import Role
 from extender.orchestrator.snapshot import PodState, Snapshot, pod_state
-from flexlease.aiotask import cancel_and_wait
 from flexlease.api import keys
 from flexlease.api.pod import owner_label_value
 from flexlease.clock import Clock
@@ -87,7 +86,8 @@ class ReadinessWatch:
             for task in tasks:
                 task.cancel()
             for task in tasks:
-                await cancel_and_wait(task)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def _on_event(self, role: str) -> Handler:
         async def handle(event: WatchEvent) -> None:

@@ -20,7 +20,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import Final
 
-from flexlease.aiotask import cancel_and_wait
 from flexlease.errors import Gone, StoreError
 from flexlease.logging import ctx
 from flexlease.store.base import EVERYTHING, EventType, JsonObj, Kind, Selector, Store, WatchEvent
@@ -178,7 +177,9 @@ class Informer:
         try:
             yield self
         finally:
-            await cancel_and_wait(task)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _list(self) -> None:
         listed = await self._store.list(self._kind, namespace=self._namespace, selector=self._selector)

@@ -48,6 +48,7 @@ watches of this store, so an informer that lists then watches stays exact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -59,7 +60,6 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from flexlease.aiotask import cancel_and_wait
 from flexlease.config import StoreSettings
 from flexlease.errors import Conflict, Gone, NotFound, StoreError, TooManyRequests
 from flexlease.logging import ctx
@@ -549,7 +549,9 @@ class _Watch:
         ``StopAsyncIteration`` (an event not yet taken is dropped)."""
         self._store._watches.discard(self)
         if self._task is not None and not self._task.done():
-            await cancel_and_wait(self._task)
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         await self._events.aclose()
         while not self._queue.empty():
             self._queue.get_nowait()
