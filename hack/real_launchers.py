@@ -173,27 +173,6 @@ class TrialResult:
     message: str
 
 
-def pod_object(pod: Pod, *, framework: str, owner: str) -> dict[str, Any]:
-    """The Pod JSON the platform holds for ``pod`` (host network, one container, its port)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod.name,
-            "namespace": NAMESPACE,
-            "labels": {
-                keys.LABEL_OWNER: owner_label_value(owner),
-                keys.LABEL_ROLE: pod.role,
-                keys.LABEL_FRAMEWORK: framework,
-            },
-        },
-        "spec": {
-            "hostNetwork": True,
-            "containers": [{"name": "main", "image": "launcher", "ports": [{"containerPort": pod.port}]}],
-        },
-    }
-
-
 def pod_status(pod: Pod, *, running: bool, ready: bool) -> dict[str, Any]:
     """``status`` as kubelet writes it: Pending (ContainerCreating) or Running, Ready or not."""
     status: dict[str, Any] = {
@@ -253,7 +232,10 @@ class Job:
         try:
             for pod in self.pods:
                 created = await self.store.create(
-                    Kind.POD, pod_object(pod, framework=self.framework, owner=self.owner)
+                    Kind.POD,
+                    table1.pod_object(
+                        pod, framework=self.framework, owner=self.owner, namespace=NAMESPACE, image="launcher"
+                    ),
                 )
                 pod.uid = created["metadata"]["uid"]
             await asyncio.gather(*(self._create(pod) for pod in self.pods))

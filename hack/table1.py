@@ -40,7 +40,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from extender.orchestrator import dag, profile, template
 from extender.orchestrator.executors import CriExecutor
@@ -156,14 +156,25 @@ class TrialResult:
     message: str
 
 
-def pod_object(pod: Pod, *, framework: str, owner: str) -> dict[str, Any]:
-    """The Pod JSON the platform would hold for ``pod``."""
+class PodRef(Protocol):
+    """What :func:`pod_object` reads of a trial's pod (this module's and the real launchers')."""
+
+    name: str
+    role: str
+    port: int
+
+
+def pod_object(
+    pod: PodRef, *, framework: str, owner: str, namespace: str = NAMESPACE, image: str = "framework"
+) -> dict[str, Any]:
+    """The Pod JSON the platform would hold for ``pod`` in ``namespace``: host network, one
+    container ``main`` running ``image`` with the pod's port."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": pod.name,
-            "namespace": NAMESPACE,
+            "namespace": namespace,
             "labels": {
                 keys.LABEL_OWNER: owner_label_value(owner),
                 keys.LABEL_ROLE: pod.role,
@@ -172,7 +183,7 @@ def pod_object(pod: Pod, *, framework: str, owner: str) -> dict[str, Any]:
         },
         "spec": {
             "hostNetwork": True,
-            "containers": [{"name": "main", "image": "framework", "ports": [{"containerPort": pod.port}]}],
+            "containers": [{"name": "main", "image": image, "ports": [{"containerPort": pod.port}]}],
         },
     }
 
