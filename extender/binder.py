@@ -34,7 +34,7 @@ from extender import scheduling
 from extender.admission import BindCheck
 from extender.state import Inventory
 from flexlease.api import keys
-from flexlease.api.pod import Assignment, GpuRequest, ParsedPods, parse_pod
+from flexlease.api.pod import Assignment, GpuRequest, ParsedPods, Priority, parse_pod
 from flexlease.clock import format_time
 from flexlease.errors import Conflict, FlexleaseError, RequestError, StoreError
 from flexlease.logging import ctx
@@ -175,7 +175,14 @@ class Binder:
                 cause="no_longer_fits",
             )
         try:
-            self._inventory.assume(uid=pod_uid, key=key, node=node, indices=indices)
+            self._inventory.assume(
+                uid=pod_uid,
+                key=key,
+                node=node,
+                indices=indices,
+                low=req.priority is Priority.LOW,
+                priority_value=req.priority_value,
+            )
         except Conflict as exc:
             return self._fail(key, node, f"cannot reserve GPUs on {node}: {exc}", cause="no_longer_fits")
 

@@ -81,6 +81,10 @@ class Reservation:
     node: str
     indices: tuple[int, ...]
     expires: float
+    low: bool = False
+    """The pod is low priority: its claim will read the same once the watch confirms it."""
+    priority_value: int = 0
+    """The pod's ``spec.priority``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +195,9 @@ class Inventory:
         self._stale: set[str] = set()
         """Claims of unbound pods past their deadline: released, ignored until they change."""
         self._views: dict[str, NodeView] = {}
+        self._built_from: dict[str, _Node] = {}
+        """The ``_Node`` each view was built from (``_Node`` values are replaced, never
+        changed, when a GPUNode changes): a view rebuilt from the same one keeps its devices."""
         self._dirty: set[str] = set()
         self._generation = 0
         self._version = 0
@@ -458,12 +465,23 @@ class Inventory:
 
     # ------------------------------------------------------------------ assume / forget
 
-    def assume(self, *, uid: str, key: str, node: str, indices: tuple[int, ...]) -> Reservation:
+    def assume(
+        self,
+        *,
+        uid: str,
+        key: str,
+        node: str,
+        indices: tuple[int, ...],
+        low: bool = False,
+        priority_value: int = 0,
+    ) -> Reservation:
         """Reserve ``indices`` on ``node`` for pod ``uid`` until confirmed, forgotten or expired.
 
         Call right after choosing the devices from a :meth:`snapshot`, with no ``await`` in
-        between. Raises :class:`~flexlease.errors.Conflict` when a device is unknown, already
-        held or reserved, or the pod already has a reservation.
+        between. ``low`` and ``priority_value`` describe the pod (as its claim will once the
+        watch delivers it), so the confirmation leaves the node's view as it is. Raises
+        :class:`~flexlease.errors.Conflict` when a device is unknown, already held or
+        reserved, or the pod already has a reservation.
         """
         self._expire()
         if uid in self._reservations:
@@ -479,7 +497,13 @@ class Inventory:
                 self.stats.conflicts += 1
                 raise Conflict(f"GPU {node}/{i} is already taken by {taken[i]}")
         res = Reservation(
-            uid=uid, key=key, node=node, indices=tuple(indices), expires=self._clock() + self._ttl
+            uid=uid,
+            key=key,
+            node=node,
+            indices=tuple(indices),
+            expires=self._clock() + self._ttl,
+            low=low,
+            priority_value=priority_value,
         )
         self._reservations[uid] = res
         self._dirty.add(node)
@@ -611,21 +635,47 @@ class Inventory:
         for res in self._reservations.values():
             if res.node == n.name and res.uid not in holders:
                 holders[res.uid] = Holder(
-                    uid=res.uid, key=res.key, indices=res.indices, low=False, reserved=True
+                    uid=res.uid,
+                    key=res.key,
+                    indices=res.indices,
+                    low=res.low,
+                    priority_value=res.priority_value,
+                    reserved=True,
+                    critical=res.uid in self._critical,
                 )
-        ror = self._right_of_return
-        devices = tuple(
-            DeviceView(
-                index=i,
-                uuid=d.uuid,
-                model=d.model,
-                tier=d.tier if ror or d.tier is None else Tier.HA,
-                healthy=d.healthy,
-                owner=d.owner if ror else None,
-                holder=taken.get(i),
+        old = self._views.get(n.name) if self._built_from.get(n.name) is n else None
+        if old is not None:
+            # The GPUNode is the one the current view was built from: only holders can
+            # differ. Keep every device whose holder is the same, and the whole view when
+            # nothing differs (e.g. the watch confirming a reservation with an equal claim).
+            same = True
+            kept: list[DeviceView] = []
+            for dv in old.devices:
+                holder = taken.get(dv.index)
+                if dv.holder == holder:
+                    kept.append(dv)
+                else:
+                    dv_new = DeviceView(dv.index, dv.uuid, dv.model, dv.tier, dv.healthy, dv.owner, holder)
+                    kept.append(dv_new)
+                    same = False
+            if same and holders == old.holders:
+                return old
+            devices = tuple(kept)
+        else:
+            ror = self._right_of_return
+            devices = tuple(
+                DeviceView(
+                    index=i,
+                    uuid=d.uuid,
+                    model=d.model,
+                    tier=d.tier if ror or d.tier is None else Tier.HA,
+                    healthy=d.healthy,
+                    owner=d.owner if ror else None,
+                    holder=taken.get(i),
+                )
+                for i, d in sorted(n.devices.items())
             )
-            for i, d in sorted(n.devices.items())
-        )
+        self._built_from[n.name] = n
         self._generation += 1
         return NodeView(
             name=n.name,
@@ -643,15 +693,23 @@ class Inventory:
         self._expire()
         if self._snapshot is not None and not self._dirty:
             return self._snapshot
+        changed: set[str] = set()
         for name in self._dirty:
             n = self._nodes.get(name)
             if n is None:
-                self._views.pop(name, None)
-            else:
-                self._views[name] = self._build_view(n)
-        self._version += 1
-        self._changelog.append((self._version, frozenset(self._dirty)))
+                if self._views.pop(name, None) is not None:
+                    changed.add(name)
+                self._built_from.pop(name, None)
+                continue
+            view = self._build_view(n)
+            if self._views.get(name) is not view:
+                self._views[name] = view
+                changed.add(name)
         self._dirty.clear()
+        if self._snapshot is not None and not changed:
+            return self._snapshot  # every change cancelled out: the same views
+        self._version += 1
+        self._changelog.append((self._version, frozenset(changed)))
         self._snapshot = Snapshot(self._version, MappingProxyType(dict(self._views)))
         return self._snapshot
 
