@@ -102,9 +102,9 @@ def test_incremental_views_equal_views_built_from_scratch(ops: list[tuple[Any, .
             seen_pods[uid] = obj
             inv.apply_pod_event(WatchEvent(EventType.MODIFIED, obj))
         elif kind == "delete":
-            obj = seen_pods.pop(op[1], None)
-            if obj is not None:
-                inv.apply_pod_event(WatchEvent(EventType.DELETED, obj))
+            gone: dict[str, Any] | None = seen_pods.pop(str(op[1]), None)
+            if gone is not None:
+                inv.apply_pod_event(WatchEvent(EventType.DELETED, gone))
         elif kind == "node":
             _, node, tier, tagged, sick = op
             inv.apply_node_event(
