@@ -6,8 +6,9 @@ on ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt``, and serve ``GET /
 ``/metrics``. The scheduler runs us with ``nodeCacheCapable: true``: ``Nodes`` is null,
 candidates come in ``NodeNames`` and replies name only nodes from that list. A pod without
 managed GPUs passes untouched. ``Error`` in a reply is only for faults; malformed input is
-answered 400 with a message (not UTF-8 JSON, nested deeper than :data:`MAX_JSON_DEPTH`,
-integer literals longer than :data:`MAX_JSON_INT_DIGITS`, a corrupt ``Content-Encoding``,
+answered 400 with a message (not UTF-8 JSON, nested deeper than
+:data:`extender.body.MAX_JSON_DEPTH`, integer literals longer than
+:data:`extender.body.MAX_JSON_INT_DIGITS`, a corrupt ``Content-Encoding``,
 wrong types in any field the extender reads), an unknown verb 404, a body over
 ``extender.max_body_bytes`` 413, anything unexpected a logged 500; a client that hangs up
 mid-body is logged at debug. A pod's own GPU claim (an interrupted bind of it) counts as
@@ -26,8 +27,6 @@ measures.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -40,7 +39,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import ValidationError
 
-from extender import scheduling, tasks
+from extender import body, scheduling, tasks
 from extender.admission import Admission
 from extender.binder import Binder
 from extender.equivalence import FilterCache, PriorityCache
@@ -83,6 +82,7 @@ INVENTORY: Final = web.AppKey("inventory", Inventory)
 BINDER: Final = web.AppKey("binder", Binder)
 METRICS: Final = web.AppKey("metrics", ExtenderMetrics)
 WATCHES: Final = web.AppKey("watches", dict[Kind, WatchState])
+ARGS_DECODER: Final = web.AppKey("args_decoder", body.ExtenderArgsDecoder)
 FILTER_CACHE: Final = web.AppKey("filter_cache", FilterCache)
 PRIORITY_CACHE: Final = web.AppKey("priority_cache", PriorityCache)
 READY_CHECKS: Final = web.AppKey("ready_checks", dict[str, ReadyCheck])
@@ -153,6 +153,7 @@ def create_app(
     pods = podapi.ParsedPods(ext.gpu_resource)
     app[PODS] = pods
     app[BINDER] = Binder(store, inv, gpu_resource=ext.gpu_resource, pods=pods)
+    app[ARGS_DECODER] = body.ExtenderArgsDecoder()
     app[FILTER_CACHE] = FilterCache()
     app[PRIORITY_CACHE] = PriorityCache()
     app[METRICS] = ExtenderMetrics(registry, inv)
@@ -249,66 +250,12 @@ def _reject(request: web.Request, status: int, reason: str, message: str) -> web
 # --------------------------------------------------------------------------- request parsing
 
 
-MAX_JSON_DEPTH: Final = 100
-"""Deepest nesting of objects and arrays accepted in a request body. Pods, NodeLists and
-the extender envelopes nest about 15 deep (managedFields included)."""
-MAX_JSON_INT_DIGITS: Final = 20
-"""Longest integer literal accepted: Kubernetes integers are int64 (19 digits and a sign)."""
-
-_CONTAINERS: Final = (dict, list)
-
-
-def _json_int(text: str) -> int:
-    """``parse_int`` hook: refuse integer literals longer than any Kubernetes integer."""
-    if len(text) > MAX_JSON_INT_DIGITS:
-        raise ValueError(f"integer literal of {len(text)} digits (at most {MAX_JSON_INT_DIGITS})")
-    return int(text)
-
-
-_DECODER: Final = json.JSONDecoder(parse_int=_json_int)
-"""The reference decoder (built once: ``json.loads`` with a hook would build one per call).
-Bodies go through :func:`orjson.loads` first (several times faster); only a body it refuses
-is decoded again here, so both accept exactly what this one accepts (orjson refuses all
-integers beyond 64 bits and ``NaN``/lone surrogates, which this one decides on) and errors
-read the same."""
-
-
-def json_depth(obj: Any, *, stop_above: int | None = None) -> int:
-    """Deepest nesting of objects/arrays in the parsed JSON value ``obj`` (a scalar is 0,
-    ``[]`` is 1); returns early, with a value above ``stop_above``, once that is exceeded.
-    Iterative; only containers are visited in Python (scalars are skipped in C)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(obj, 1)] if isinstance(obj, _CONTAINERS) else []
-    while stack:
-        node, depth = stack.pop()
-        if depth > deepest:
-            deepest = depth
-            if stop_above is not None and deepest > stop_above:
-                break
-        values = node.values() if isinstance(node, dict) else node
-        for child in itertools.compress(values, map(isinstance, values, itertools.repeat(_CONTAINERS))):
-            stack.append((child, depth + 1))
-    return deepest
-
-
-def _too_deep(text: str | bytes, body: Any) -> bool:
-    """Whether ``body`` (parsed from ``text``) nests deeper than :data:`MAX_JSON_DEPTH`. A
-    body with no more opening brackets than that cannot, and is not walked (the usual case)."""
-    if isinstance(text, bytes):
-        if text.count(b"{") + text.count(b"[") <= MAX_JSON_DEPTH:
-            return False
-    elif text.count("{") + text.count("[") <= MAX_JSON_DEPTH:
-        return False
-    return json_depth(body, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH
-
-
-async def _read_json(request: web.Request) -> Any:
-    """The request body as JSON. Raises :class:`_Reject` (400) on a body that is not
-    UTF-8 JSON, nests deeper than :data:`MAX_JSON_DEPTH`, holds an integer literal longer
-    than :data:`MAX_JSON_INT_DIGITS`, or cannot be decoded (corrupt ``Content-Encoding``);
-    :class:`_Disconnected` when the client hangs up mid-body; lets aiohttp's 413 through."""
+async def _read_bytes(request: web.Request) -> bytes:
+    """The request body. Raises :class:`_Reject` (400) when it cannot be read (corrupt
+    ``Content-Encoding``), :class:`_Disconnected` when the client hangs up mid-body; lets
+    aiohttp's 413 through."""
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise
     except web.RequestPayloadError as exc:
@@ -319,24 +266,34 @@ async def _read_json(request: web.Request) -> Any:
         raise _Reject(400, "bad_encoding", f"cannot read the request body: {message}", close=True) from exc
     except ConnectionError as exc:
         raise _Disconnected(str(exc)) from exc
+
+
+async def _read_json(request: web.Request) -> Any:
+    """The request body as JSON (:func:`extender.body.decode`). Raises :class:`_Reject`
+    (400) on a body that is not UTF-8 JSON, nests deeper than
+    :data:`extender.body.MAX_JSON_DEPTH` or holds an integer literal longer than
+    :data:`extender.body.MAX_JSON_INT_DIGITS`, and what :func:`_read_bytes` raises."""
+    raw = await _read_bytes(request)
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        body = None
-    else:
-        if _too_deep(raw, body):
-            raise _Reject(400, "too_deep", f"JSON body nests deeper than {MAX_JSON_DEPTH} levels")
-        return body
+        return body.decode(raw)
+    except body.BodyError as exc:
+        raise _Reject(400, exc.reason, str(exc)) from exc
+
+
+async def _read_args(request: web.Request) -> wire.ExtenderArgs:
+    """The ``ExtenderArgs`` of ``/filter`` or ``/prioritize``: through the app's
+    :class:`extender.body.ExtenderArgsDecoder` when the body has the exact shape
+    kube-scheduler sends, else like any body (:func:`_read_json`, the model): same
+    replies, same errors."""
+    raw = await _read_bytes(request)
+    args = request.app[ARGS_DECODER].decode(raw)
+    if args is not None:
+        return args
     try:
-        text = raw.decode("utf-8")
-        body = _DECODER.decode(text)
-    except RecursionError as exc:
-        raise _Reject(400, "too_deep", f"JSON body nests deeper than {MAX_JSON_DEPTH} levels") from exc
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, _json_int
-        raise _Reject(400, "bad_json", f"malformed JSON body: {exc}") from exc
-    if _too_deep(text, body):
-        raise _Reject(400, "too_deep", f"JSON body nests deeper than {MAX_JSON_DEPTH} levels")
-    return body
+        decoded = body.decode(raw)
+    except body.BodyError as exc:
+        raise _Reject(400, exc.reason, str(exc)) from exc
+    return _model(wire.ExtenderArgs, decoded)
 
 
 _M = TypeVar("_M", bound=wire.WireModel)
@@ -382,7 +339,7 @@ def _not_ready_error(request: web.Request) -> str | None:
 
 async def filter_verb(request: web.Request) -> web.Response:
     """``POST /filter``: ExtenderArgs → ExtenderFilterResult (Algorithm 1 per node)."""
-    args = _model(wire.ExtenderArgs, await _read_json(request))
+    args = await _read_args(request)
     if request.app[ADMISSION].passes_through(request, "filter", args.pod):  # another scheduler's
         return _json(_filter_reply(args, args.candidate_names(), {}, {}))
     req = _parse_pod(request, args.pod)
@@ -470,7 +427,7 @@ def _filter_reply(
 
 async def prioritize_verb(request: web.Request) -> web.Response:
     """``POST /prioritize``: ExtenderArgs → HostPriorityList, scores 0–10 for every candidate."""
-    args = _model(wire.ExtenderArgs, await _read_json(request))
+    args = await _read_args(request)
     if request.app[ADMISSION].passes_through(request, "prioritize", args.pod):  # another scheduler's
         return _json([{"Host": n, "Score": 0} for n in args.candidate_names()])
     req = _parse_pod(request, args.pod)

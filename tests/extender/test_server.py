@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extender import server
+from extender import body, server
 from flexlease.api import keys
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
@@ -678,10 +678,10 @@ async def test_a_client_hanging_up_mid_body_is_logged_at_debug(
 
 
 def test_json_depth() -> None:
-    assert server.json_depth(json.loads('{"a": [1, {"b": "[[[{{"}], "c": "\\"[["}')) == 3
-    assert server.json_depth([]) == 1 and server.json_depth(7) == 0
-    assert server.json_depth([[[[]]], {"a": {"b": [1, "x"]}}]) == 4
-    assert server.json_depth([[[[[[]]]]]], stop_above=2) == 3
+    assert body.json_depth(json.loads('{"a": [1, {"b": "[[[{{"}], "c": "\\"[["}')) == 3
+    assert body.json_depth([]) == 1 and body.json_depth(7) == 0
+    assert body.json_depth([[[[]]], {"a": {"b": [1, "x"]}}]) == 4
+    assert body.json_depth([[[[[[]]]]]], stop_above=2) == 3
 
 
 HUGE_INT: Final = "__huge_int__"

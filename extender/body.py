@@ -1,0 +1,205 @@
+"""Request bodies: bytes → JSON values, with the extender's limits, and a fast path for the
+``ExtenderArgs`` kube-scheduler sends on every scheduling cycle.
+
+Role: every verb reads a JSON body. :func:`decode` accepts exactly what the reference
+decoder (:mod:`json` with an integer-length hook) accepts, within :data:`MAX_JSON_DEPTH`
+and :data:`MAX_JSON_INT_DIGITS`, and raises :class:`BodyError` (a 400 for the server)
+otherwise. :class:`ExtenderArgsDecoder` serves ``/filter`` and ``/prioritize``: kube-scheduler
+sends the same pod to both and, with ``nodeCacheCapable``, mostly the same ``NodeNames``
+list cycle after cycle, so it splits the envelope with ``msgspec`` (the pod and the node
+list kept as raw JSON, unparsed) and decodes each part only when its bytes differ from a
+recent request's; anything not in that exact shape goes the general way, so replies and
+errors do not depend on which path a body took.
+
+Pure, no I/O. Neighbours: :mod:`extender.server` calls it; :mod:`flexlease.api.wire` holds
+the models.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections import OrderedDict
+from typing import Any, Final
+
+import msgspec
+import orjson
+
+from flexlease.api import wire
+
+MAX_JSON_DEPTH: Final = 100
+"""Deepest nesting of objects and arrays accepted in a request body. Pods, NodeLists and
+the extender envelopes nest about 15 deep (managedFields included)."""
+MAX_JSON_INT_DIGITS: Final = 20
+"""Longest integer literal accepted: Kubernetes integers are int64 (19 digits and a sign)."""
+
+_CONTAINERS: Final = (dict, list)
+
+
+class BodyError(ValueError):
+    """A body that is not acceptable JSON; ``reason`` is the short label counted in metrics
+    (``too_deep``, ``bad_json``)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _json_int(text: str) -> int:
+    """``parse_int`` hook: refuse integer literals longer than any Kubernetes integer."""
+    if len(text) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"integer literal of {len(text)} digits (at most {MAX_JSON_INT_DIGITS})")
+    return int(text)
+
+
+_REFERENCE: Final = json.JSONDecoder(parse_int=_json_int)
+"""The reference decoder (built once: ``json.loads`` with a hook would build one per call).
+Bodies go through :func:`orjson.loads` first (several times faster); a body it refuses
+(``NaN``, lone surrogates), and one that may hold an integer outside 64 bits, is decoded
+here instead, so both accept exactly what this one accepts and errors read the same."""
+
+_LONG_DIGITS: Final = re.compile(rb"[0-9]{19}")
+"""Nineteen digits in a row: a text that may hold an integer outside int64/uint64, which
+orjson reads as a float (silently, in every version), so the reference decoder reads it.
+Digit runs inside strings only cost the slower decoder."""
+
+
+def json_depth(obj: Any, *, stop_above: int | None = None) -> int:
+    """Deepest nesting of objects/arrays in the parsed JSON value ``obj`` (a scalar is 0,
+    ``[]`` is 1); returns early, with a value above ``stop_above``, once that is exceeded.
+    Iterative; only containers are visited in Python (scalars are skipped in C)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(obj, 1)] if isinstance(obj, _CONTAINERS) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if stop_above is not None and deepest > stop_above:
+                break
+        values = node.values() if isinstance(node, dict) else node
+        for child in itertools.compress(values, map(isinstance, values, itertools.repeat(_CONTAINERS))):
+            stack.append((child, depth + 1))
+    return deepest
+
+
+def too_deep(text: str | bytes, value: Any, *, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` (parsed from ``text``) nests deeper than ``limit``. A text with no
+    more opening brackets than that cannot, and is not walked (the usual case)."""
+    if isinstance(text, bytes):
+        if text.count(b"{") + text.count(b"[") <= limit:
+            return False
+    elif text.count("{") + text.count("[") <= limit:
+        return False
+    return json_depth(value, stop_above=limit) > limit
+
+
+def decode(raw: bytes) -> Any:
+    """``raw`` as a JSON value. Raises :class:`BodyError` on a body that is not UTF-8 JSON,
+    nests deeper than :data:`MAX_JSON_DEPTH` or holds an integer literal longer than
+    :data:`MAX_JSON_INT_DIGITS`."""
+    deep = f"JSON body nests deeper than {MAX_JSON_DEPTH} levels"
+    if _LONG_DIGITS.search(raw) is None:
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if too_deep(raw, value):
+                raise BodyError("too_deep", deep)
+            return value
+    try:
+        text = raw.decode("utf-8")
+        value = _REFERENCE.decode(text)
+    except RecursionError as exc:
+        raise BodyError("too_deep", deep) from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, _json_int
+        raise BodyError("bad_json", f"malformed JSON body: {exc}") from exc
+    if too_deep(text, value):
+        raise BodyError("too_deep", deep)
+    return value
+
+
+class _Envelope(msgspec.Struct):
+    """``ExtenderArgs`` exactly as kube-scheduler's encoding/json writes it with
+    ``nodeCacheCapable: true``: Go field names, ``Nodes`` null, parts kept unparsed."""
+
+    Pod: msgspec.Raw
+    NodeNames: msgspec.Raw
+    Nodes: msgspec.Raw | None = None
+
+
+_ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
+_NAMES: Final = msgspec.json.Decoder(list[str])
+
+
+class ExtenderArgsDecoder:
+    """Decode ``ExtenderArgs`` bodies, reusing the pods and node lists of recent requests.
+
+    ``pods`` and ``lists``: how many distinct pod texts and ``NodeNames`` texts are kept
+    (least recently used dropped). Pods are kept decoded: callers must not change the
+    ``pod`` dict of a returned :class:`~flexlease.api.wire.ExtenderArgs` (none does; the
+    verbs only read). ``hits``/``misses`` count parts reused or decoded.
+    """
+
+    def __init__(self, *, pods: int = 64, lists: int = 8) -> None:
+        if pods < 1 or lists < 1:
+            raise ValueError("pods and lists must be at least 1")
+        self._pods: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+        self._lists: OrderedDict[bytes, list[str]] = OrderedDict()
+        self._max_pods = pods
+        self._max_lists = lists
+        self.hits = 0
+        self.misses = 0
+
+    def decode(self, raw: bytes) -> wire.ExtenderArgs | None:
+        """The args in ``raw``, or None when ``raw`` is not in the exact shape (then decode
+        it with :func:`decode` and validate it with the model, for the same answer and errors)."""
+        try:
+            envelope = _ENVELOPE.decode(raw)
+        except (msgspec.MsgspecError, RecursionError):  # too deep even to skip: the general way
+            return None
+        if envelope.Nodes is not None:
+            return None
+        names = self._names(bytes(envelope.NodeNames))
+        pod = self._pod(bytes(envelope.Pod))
+        if names is None or pod is None:
+            return None
+        return wire.ExtenderArgs.model_construct(pod=pod, nodes=None, node_names=names)
+
+    def _names(self, text: bytes) -> list[str] | None:
+        names = self._lists.get(text)
+        if names is not None:
+            self._lists.move_to_end(text)
+            self.hits += 1
+            return names
+        try:
+            names = _NAMES.decode(text)
+        except msgspec.MsgspecError:  # null, or not a list of strings: the general way
+            return None
+        self.misses += 1
+        self._lists[text] = names
+        if len(self._lists) > self._max_lists:
+            self._lists.popitem(last=False)
+        return names
+
+    def _pod(self, text: bytes) -> dict[str, Any] | None:
+        pod = self._pods.get(text)
+        if pod is not None:
+            self._pods.move_to_end(text)
+            self.hits += 1
+            return pod
+        if _LONG_DIGITS.search(text) is not None:
+            return None  # an integer orjson would read as a float, perhaps: the general way
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:  # the reference decoder decides: the general way
+            return None
+        # The envelope adds one level: the pod may nest one less than a whole body.
+        if not isinstance(value, dict) or too_deep(text, value, limit=MAX_JSON_DEPTH - 1):
+            return None
+        self.misses += 1
+        self._pods[text] = value
+        if len(self._pods) > self._max_pods:
+            self._pods.popitem(last=False)
+        return value

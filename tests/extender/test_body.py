@@ -1,0 +1,147 @@
+"""Request bodies (extender.body): the general decoder's limits, and the ExtenderArgs fast
+path giving exactly what the general path gives, or handing the body over."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extender import body
+from flexlease.api import wire
+from tests.extender import payloads
+
+
+def _general(raw: bytes) -> wire.ExtenderArgs:
+    return wire.ExtenderArgs.model_validate(body.decode(raw))
+
+
+def _envelope(pod: Any, names: Any, *, nodes: str = "null") -> bytes:
+    return (
+        b'{"Pod":'
+        + json.dumps(pod).encode()
+        + b',"Nodes":'
+        + nodes.encode()
+        + b',"NodeNames":'
+        + json.dumps(names).encode()
+        + b"}"
+    )
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pod=st.dictionaries(st.text(max_size=8), _json, max_size=4),
+    names=st.lists(st.text(max_size=12), max_size=20),
+)
+def test_the_fast_path_gives_what_the_general_path_gives(pod: dict[str, Any], names: list[str]) -> None:
+    raw = _envelope(pod, names)
+    decoder = body.ExtenderArgsDecoder()
+    first, again = decoder.decode(raw), decoder.decode(raw)
+    expected = _general(raw)
+    if first is None:  # only a pod that may hold an integer beyond 64 bits goes the general way
+        assert again is None and body._LONG_DIGITS.search(raw) is not None
+        return
+    assert again is not None
+    for args in (first, again):
+        assert args.model_dump() == expected.model_dump()
+        assert args.candidate_names() == expected.candidate_names()
+
+
+def test_a_real_filter_body_reuses_the_pod_and_the_node_list() -> None:
+    pod = payloads.pod("train-0", gpus=2, priority="high", owner="job-a", tier="HA")
+    names = [f"gpu-{i:04d}" for i in range(1250)]
+    raw = json.dumps(payloads.extender_args(pod, names)).encode()
+    decoder = body.ExtenderArgsDecoder()
+    first = decoder.decode(raw)
+    assert first is not None and (decoder.hits, decoder.misses) == (0, 2)
+    # prioritize: the same pod, fewer nodes
+    second = decoder.decode(json.dumps(payloads.extender_args(pod, names[:3])).encode())
+    assert second is not None and second.pod is first.pod and second.node_names == names[:3]
+    third = decoder.decode(raw)
+    assert third is not None and third.node_names is first.node_names
+    assert (decoder.hits, decoder.misses) == (3, 3)
+    assert third.model_dump() == _general(raw).model_dump()
+
+
+def test_entries_are_bounded() -> None:
+    decoder = body.ExtenderArgsDecoder(pods=2, lists=1)
+    for i in range(5):
+        assert decoder.decode(_envelope({"metadata": {"name": f"p{i}"}}, [f"n{i}"])) is not None
+    assert len(decoder._pods) == 2 and len(decoder._lists) == 1
+    with pytest.raises(ValueError, match="at least 1"):
+        body.ExtenderArgsDecoder(pods=0)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"pod": {}, "Nodes": null, "NodeNames": []}',  # Go decodes keys case-insensitively
+        b'{"Pod": {}, "Nodes": {"items": []}, "NodeNames": null}',  # not nodeCacheCapable
+        b'{"Pod": {}, "Nodes": null, "NodeNames": null}',
+        b'{"Pod": {}, "Nodes": null, "NodeNames": ["a", 1]}',
+        b'{"Pod": [], "Nodes": null, "NodeNames": []}',
+        b'{"Pod": {"n": 123456789012345678901}, "Nodes": null, "NodeNames": []}',  # beyond int64
+        b'{"Pod": {"n": NaN}, "Nodes": null, "NodeNames": []}',
+        b'{"Pod": {}, "Nodes": null, "NodeNames": []',
+        b"[]",
+        _envelope(_nested(100), []),  # the whole body nests 101 deep
+        b'{"Pod": ' + b"[" * 5000 + b"]" * 5000 + b', "NodeNames": []}',
+    ],
+)
+def test_bodies_not_in_the_exact_shape_go_the_general_way(raw: bytes) -> None:
+    assert body.ExtenderArgsDecoder().decode(raw) is None
+
+
+@pytest.mark.parametrize(
+    "literal",
+    [b"18446744073709551616", b"-9223372036854775809", b"99999999999999999999", b"12345678901234567890"],
+)
+def test_integers_outside_64_bits_stay_exact_integers(literal: bytes) -> None:
+    """orjson reads them as floats; the reference decoder (which decides) as integers."""
+    raw = b'{"Pod": {"x": ' + literal + b'}, "Nodes": null, "NodeNames": []}'
+    assert body.decode(raw)["Pod"]["x"] == int(literal)
+    assert type(body.decode(raw)["Pod"]["x"]) is int
+    assert body.ExtenderArgsDecoder().decode(raw) is None
+
+
+def test_the_depth_limit_counts_the_envelope() -> None:
+    raw = _envelope(_nested(99), ["n1"])  # 100 levels in all: accepted either way
+    args = body.ExtenderArgsDecoder().decode(raw)
+    assert args is not None and args.model_dump() == _general(raw).model_dump()
+    with pytest.raises(body.BodyError, match="deeper than 100") as info:
+        body.decode(_envelope(_nested(100), ["n1"]))
+    assert info.value.reason == "too_deep"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b'{"a": 1234567890123456789012}', "bad_json"),
+        (b'{"a": ', "bad_json"),
+        (b"\xff", "bad_json"),
+        (b"[" * 101 + b"]" * 101, "too_deep"),
+        (b"[" * 5000 + b"]" * 5000, "too_deep"),
+    ],
+)
+def test_the_general_decoder_refuses_with_a_reason(raw: bytes, reason: str) -> None:
+    with pytest.raises(body.BodyError) as info:
+        body.decode(raw)
+    assert info.value.reason == reason
+    assert body.decode(b'{"a": 12345678901234567890}') == {"a": 12345678901234567890}  # 20 digits
