@@ -26,7 +26,6 @@ import orjson
 from extender import scheduling
 from extender.scheduling import Code, NodeView, RequestKeys, Verdict
 from flexlease.api.pod import GpuRequest
-from flexlease.api.resources import Pool
 
 DEFAULT_MAX_CLASSES: Final = 128
 
@@ -144,9 +143,10 @@ class FilterCache:
         req: GpuRequest, nodes: Mapping[str, NodeView], names: list[str], index: dict[str, int], version: int
     ) -> _Entry:
         views = list(map(nodes.get, names))
-        verdicts = scheduling.filter_nodes(req, views)
-        standby_pool = Pool.STANDBY
-        standby = bytearray(v is not None and v.pool is standby_pool for v in views)
+        verdicts, standby_at = scheduling.filter_pools(req, views)
+        standby = bytearray(len(names))
+        for i in standby_at:
+            standby[i] = 1
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -159,7 +159,7 @@ class FilterCache:
                 failed[name] = v.reason
             else:
                 unresolvable[name] = v.reason
-        general_passes = sum(1 for v, s in zip(verdicts, standby, strict=True) if v is ok and not s)
+        general_passes = len(passed) - sum(1 for i in standby_at if verdicts[i] is ok)
         return _Entry(
             names=names,
             index=index,

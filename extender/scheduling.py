@@ -675,6 +675,12 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
     for a reclaim pod and only when no general-pool candidate passes (Algorithm 1 lines
     19–23, FETCHSTANDBY: same type, tier ``>= ReqRel``; the general candidates fall short).
     """
+    return filter_pools(req, nodes)[0]
+
+
+def filter_pools(req: GpuRequest, nodes: Sequence[NodeView | None]) -> tuple[list[Verdict], list[int]]:
+    """:func:`filter_nodes`, and the positions of the standby-pool nodes among ``nodes``
+    (ascending)."""
     keys = RequestKeys.of(req)
     exact, open_key, closed, count = keys.exact, keys.open, keys.closed, keys.count
     preemptor = keys.preemptor
@@ -720,7 +726,7 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
             # supplement for a lent GPU that failed) is already FETCHSTANDBY's answer.
             supplemented = high and owner is not None and owner in node.owners
             out[i] = _check(keys, node) if supplemented or not general_ok else STANDBY_NOT_NEEDED
-    return out
+    return out, standby_at
 
 
 def standby_allowed(req: GpuRequest, general: Iterable[NodeView]) -> bool:

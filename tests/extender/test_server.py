@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extender import body, server
+from extender import body, scheduling, server
 from flexlease.api import keys
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
@@ -474,7 +474,7 @@ async def test_internal_faults_are_logged_500(
     def boom(*args: object, **kwargs: object) -> object:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(server.scheduling, "filter_nodes", boom)
+    monkeypatch.setattr(scheduling, "filter_pools", boom)
     with caplog.at_level(logging.ERROR):
         resp = await client.post("/filter", json=payloads.extender_args(payloads.pod("p"), ["n-free"]))
     assert resp.status == 500
