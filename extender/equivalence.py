@@ -292,22 +292,18 @@ class PriorityCache:
             entry = _Scores({}, version)
         entry.version = version
         by_name = entry.by_name
-        fragments: list[str | None] = list(map(by_name.get, names))
-        computed = 0
-        if None in fragments:
+        missing = set(names).difference(by_name)
+        if missing:
             scorer = scheduling.Scorer(req, keys)
-            for i, name in enumerate(names):
-                if fragments[i] is None:
-                    view = nodes.get(name)
-                    score = scorer(view) if view is not None else 0
-                    fragments[i] = by_name[name] = _host_score(name, score)
-                    computed += 1
-        self.computed += computed
-        self.reused += len(fragments) - computed
+            for name in missing:  # scores are pure: the order does not matter
+                view = nodes.get(name)
+                by_name[name] = _host_score(name, scorer(view) if view is not None else 0)
+        self.computed += len(missing)
+        self.reused += len(names) - len(missing)
         self._entries[class_key] = entry
         if len(self._entries) > self._max:
             del self._entries[next(iter(self._entries))]
-        return ("[" + ",".join(fragments) + "]").encode()  # type: ignore[arg-type]  # no None left
+        return ("[" + ",".join(map(by_name.__getitem__, names)) + "]").encode()
 
 
 def _host_score(name: str, score: int) -> str:
