@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Final
 
 import orjson
 
 from extender import scheduling
-from extender.scheduling import Code, NodeView, RequestKeys, Verdict
+from extender.scheduling import Code, FitKey, NodeView, RequestKeys, Verdict
 from flexlease.api.pod import GpuRequest
 
 DEFAULT_MAX_CLASSES: Final = 128
@@ -89,6 +90,20 @@ class _Entry:
     general_passes: int
     result: FilterResult
 
+    def copy(self) -> _Entry:
+        """A copy whose updates leave this entry as it is (the candidate list is shared)."""
+        r = self.result
+        return _Entry(
+            names=self.names,
+            index=self.index,
+            verdicts=list(self.verdicts),
+            standby=bytearray(self.standby),
+            general_passes=self.general_passes,
+            result=FilterResult(
+                r.version, list(r.passed), dict(r.failed), dict(r.unresolvable), dict(r.counts), r.encoded
+            ),
+        )
+
 
 class FilterCache:
     """Per-class filter results, updated incrementally. ``max_classes`` bounds memory
@@ -102,8 +117,11 @@ class FilterCache:
         """The latest candidate list and its positions, shared by every entry made for it
         (the scheduler sends the same list for most pods): one copy for the collector to
         traverse, not one per class."""
+        self._families: dict[tuple[FitKey, int, int | None, bool], tuple[RequestKeys, bool]] = {}
+        """Per family (a class without its owner), its most recently filtered class."""
         self.full = 0
         self.incremental = 0
+        self.derived = 0
 
     def filter(
         self,
@@ -113,14 +131,22 @@ class FilterCache:
         *,
         version: int,
         changed_since: Callable[[int], set[str] | None],
+        tagged: AbstractSet[str] | None = None,
     ) -> FilterResult:
         """The filter result of ``req`` over candidate ``names`` against snapshot ``nodes``
         at ``version``. ``changed_since(v)`` names the nodes changed after snapshot ``v``
-        (None when unknown). Same verdicts as :func:`extender.scheduling.filter_nodes`."""
+        (None when unknown). Same verdicts as :func:`extender.scheduling.filter_nodes`.
+
+        ``tagged``: every node of the snapshot with an ownership tag. Given it, the first
+        request of a high-priority class is derived from a class that differs only in its
+        owner (the owner decides only on tagged nodes: elsewhere both see the same
+        devices), re-checking the tagged and changed nodes instead of every candidate."""
         if names is not self._names and self._names != names:
             self._names = list(names)
             self._index = {n: i for i, n in enumerate(self._names)}
-        class_key = (RequestKeys.of(req), req.reclaim)
+        keys = RequestKeys.of(req)
+        class_key = (keys, req.reclaim)
+        family = (keys.exact._replace(owner=None), keys.count, keys.preemptor, req.reclaim)
         entry = self._entries.pop(class_key, None)
         reusable = entry is not None and (entry.names is self._names or entry.names == names)
         if (
@@ -128,15 +154,58 @@ class FilterCache:
             and entry is not None
             and (entry.result.version == version or self._update(req, entry, nodes, version, changed_since))
         ):
-            self._entries[class_key] = entry
             self.incremental += 1
-            return entry.result
-        entry = self._full(req, nodes, self._names, self._index, version)
+        elif (
+            entry := self._derive(
+                req,
+                class_key,
+                family=family,
+                nodes=nodes,
+                version=version,
+                changed_since=changed_since,
+                tagged=tagged,
+            )
+        ) is not None:
+            self.derived += 1
+        else:
+            entry = self._full(req, nodes, self._names, self._index, version)
+            self.full += 1
         self._entries[class_key] = entry
+        if keys.exact.owner is not None:
+            self._families[family] = class_key
         if len(self._entries) > self._max:
             del self._entries[next(iter(self._entries))]
-        self.full += 1
         return entry.result
+
+    def _derive(
+        self,
+        req: GpuRequest,
+        class_key: tuple[RequestKeys, bool],
+        *,
+        family: tuple[FitKey, int, int | None, bool],
+        nodes: Mapping[str, NodeView],
+        version: int,
+        changed_since: Callable[[int], set[str] | None],
+        tagged: AbstractSet[str] | None,
+    ) -> _Entry | None:
+        """A new entry for ``req`` from its family's latest class, or None."""
+        if tagged is None or req.owner is None:
+            return None
+        sibling_key = self._families.get(family)
+        sibling = self._entries.get(sibling_key) if sibling_key is not None else None
+        if (
+            sibling is None
+            or sibling_key == class_key
+            or not (sibling.names is self._names or sibling.names == self._names)
+        ):
+            return None
+
+        def widened(since: int) -> set[str] | None:
+            changed = changed_since(since)
+            return None if changed is None else changed.union(tagged)
+
+        entry = sibling.copy()
+        return entry if self._update(req, entry, nodes, version, widened) else None
 
     @staticmethod
     def _full(

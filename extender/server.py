@@ -352,7 +352,7 @@ async def filter_verb(request: web.Request) -> web.Response:
     inv = request.app[INVENTORY]
     snap = inv.snapshot()
     result = request.app[FILTER_CACHE].filter(
-        req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since
+        req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since, tagged=snap.tagged
     )
     counts: dict[tuple[str, str], int] = {}
     for v, n in result.counts.items():

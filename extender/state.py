@@ -66,6 +66,8 @@ class Snapshot:
 
     version: int
     nodes: Mapping[str, NodeView]
+    tagged: frozenset[str] = frozenset()
+    """Names of the nodes whose view has an ownership tag (:attr:`NodeView.owners`)."""
 
     def get(self, name: str) -> NodeView | None:
         return self.nodes.get(name)
@@ -199,6 +201,8 @@ class Inventory:
         """The ``_Node`` each view was built from (``_Node`` values are replaced, never
         changed, when a GPUNode changes): a view rebuilt from the same one keeps its devices."""
         self._dirty: set[str] = set()
+        self._tagged: set[str] = set()
+        """Nodes whose current view has an ownership tag."""
         self._generation = 0
         self._version = 0
         self._snapshot: Snapshot | None = None
@@ -708,9 +712,15 @@ class Inventory:
         self._dirty.clear()
         if self._snapshot is not None and not changed:
             return self._snapshot  # every change cancelled out: the same views
+        for name in changed:
+            current = self._views.get(name)
+            if current is not None and current.owners:
+                self._tagged.add(name)
+            else:
+                self._tagged.discard(name)
         self._version += 1
         self._changelog.append((self._version, frozenset(changed)))
-        self._snapshot = Snapshot(self._version, MappingProxyType(dict(self._views)))
+        self._snapshot = Snapshot(self._version, MappingProxyType(dict(self._views)), frozenset(self._tagged))
         return self._snapshot
 
     def changed_since(self, version: int) -> set[str] | None:

@@ -288,7 +288,9 @@ async def _server(
     )
     app = extserver.create_app(settings, store, extra_contexts=contexts)
     cache = app[extserver.FILTER_CACHE]
-    recorded: dict[str, list[float]] = {v: [] for v in (*VERBS, "empty", "filter_full", "filter_incr")}
+    recorded: dict[str, list[float]] = {
+        v: [] for v in (*VERBS, "empty", "filter_full", "filter_incr", "filter_derived")
+    }
     on_cpu: dict[str, list[float]] = {v: [] for v in VERBS}  # the handlers' CPU seconds
     serving_cpu = [0.0, 0.0]  # process CPU seconds when the cycles start and when they end
 
@@ -297,7 +299,7 @@ async def _server(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         start, cpu = time.perf_counter(), time.thread_time()
-        full = cache.full
+        full, derived = cache.full, cache.derived
         verb = request.path.lstrip("/")
         if verb == "empty" and not serving_cpu[1]:
             serving_cpu[1] = time.process_time()  # the cycles are done: the floor comes last
@@ -310,7 +312,14 @@ async def _server(
             if verb in on_cpu:
                 on_cpu[verb].append(time.thread_time() - cpu)
             if verb == "filter":  # full filter (a new class of pods) or an incremental one
-                recorded["filter_full" if cache.full > full else "filter_incr"].append(took)
+                part = (
+                    "filter_full"
+                    if cache.full > full
+                    else "filter_derived"
+                    if cache.derived > derived
+                    else "filter_incr"
+                )
+                recorded[part].append(took)
 
     app.middlewares.insert(0, record)
 
@@ -374,7 +383,7 @@ async def _server(
             "summary": inv.summary(),
             "gc": gc_pauses,
             "frozen": gc.get_freeze_count(),
-            "cache": (cache.full, cache.incremental),
+            "cache": (cache.full, cache.incremental, cache.derived),
         }
     )
     for runner in runners:
@@ -588,7 +597,11 @@ def report(
             f"{percentile(rec[verb], 0.5) / floor_s:.1f}x",
         ]
         print(f"| {verb} | " + " | ".join(row) + " |")
-    for part, label in (("filter_incr", "filter, incremental"), ("filter_full", "filter, full (new class)")):
+    for part, label in (
+        ("filter_incr", "filter, incremental"),
+        ("filter_derived", "filter, new class derived from its family"),
+        ("filter_full", "filter, full (new class)"),
+    ):
         if rec[part]:
             row = [
                 "",
@@ -637,7 +650,8 @@ def report(
         + f"; longest pause {longest[1] * 1000:.1f} ms (of which on CPU {longest[2] * 1000:.1f} ms)"
         + f"; {server['frozen']} objects frozen"
     )
-    print(f"filter cache: {server['cache'][0]} full / {server['cache'][1]} incremental")
+    full, incremental, derived = server["cache"]
+    print(f"filter cache: {full} full / {derived} derived / {incremental} incremental")
 
 
 def scaling_table(rows: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> None:

@@ -27,7 +27,7 @@ def cluster(rng: random.Random) -> Inventory:
                 name,
                 gpus=4,
                 tiers=[rng.choice(["HA", "MA", "LA"]) for _ in range(4)],
-                owners={0: "ml/online"} if i % 3 == 0 else {},
+                owners=_owners(i),
                 pool="standby" if i >= 9 else "general",
                 model=payloads.A100 if i == 5 else payloads.H20,
             )
@@ -35,6 +35,15 @@ def cluster(rng: random.Random) -> Inventory:
     inv.replace_nodes(nodes)
     inv.replace_pods([])
     return inv
+
+
+def _owners(i: int) -> dict[int, str]:
+    """Tags of node ``i``: one job's, two jobs' or none."""
+    if i % 3 == 0:
+        return {0: "ml/online"}
+    if i % 4 == 1:
+        return {0: "ml/other", 1: "ml/third", 2: "ml/online"}
+    return {}
 
 
 def random_change(inv: Inventory, rng: random.Random, step: int) -> None:
@@ -70,7 +79,7 @@ def random_change(inv: Inventory, rng: random.Random, step: int) -> None:
                     name,
                     gpus=4,
                     unhealthy=unhealthy,
-                    owners={0: "ml/online"} if i % 3 == 0 else {},
+                    owners=_owners(i),
                     pool="standby" if i >= 9 else "general",
                     model=payloads.A100 if i == 5 else payloads.H20,
                 ),
@@ -84,10 +93,17 @@ PODS = [
     payloads.pod("c", gpus=2, priority="high", owner="online", reclaim=True, gpu_type=payloads.H20),
     payloads.pod("d", gpus=4, priority="high", owner="other"),
     payloads.pod("e", gpus=2, gpu_type=payloads.A100),
+    # the same requests for other owners: classes derived from their family's
+    payloads.pod("f", gpus=2, priority="high", owner="other", reclaim=True, gpu_type=payloads.H20),
+    payloads.pod("g", gpus=2, priority="high", owner="third", reclaim=True, gpu_type=payloads.H20),
+    payloads.pod("h", gpus=4, priority="high", owner="online"),
+    payloads.pod("i", gpus=4, priority="high", owner="third"),
+    payloads.pod("j", gpus=1, priority="high", owner="nobody"),
+    payloads.pod("k", gpus=1, priority="high", owner="online"),
 ]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 60))
 def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
     rng = random.Random(seed)
@@ -100,7 +116,9 @@ def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
         snap = inv.snapshot()
         # mostly every node (a fresh list each time, as requests arrive), sometimes a subset
         names = rng.sample(NAMES, rng.randrange(len(NAMES) + 1)) if rng.random() < 0.2 else list(NAMES)
-        got = cache.filter(req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since)
+        got = cache.filter(
+            req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since, tagged=snap.tagged
+        )
         want = scheduling.filter_nodes(req, [snap.nodes.get(n) for n in names])
         assert sorted(got.passed) == sorted(n for n, v in zip(names, want, strict=True) if v.ok)
         assert got.failed == {
@@ -118,7 +136,7 @@ def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
             "FailedAndUnresolvableNodes": got.unresolvable,
             "Error": "",
         }
-    assert cache.full + cache.incremental == steps
+    assert cache.full + cache.incremental + cache.derived == steps
 
 
 def test_reuses_results_and_falls_back_when_the_candidates_differ() -> None:
@@ -159,3 +177,29 @@ def test_cached_scores_equal_fresh_scores(seed: int, steps: int) -> None:
         body = cache.prioritize(req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since)
         want = scheduling.score_nodes(req, [snap.nodes.get(n) for n in names])
         assert json.loads(body) == [{"Host": n, "Score": s} for n, s in zip(names, want, strict=True)]
+
+
+def test_a_new_owner_of_a_known_family_is_derived_not_filtered_in_full() -> None:
+    """Two online jobs asking alike differ only on tagged nodes: the second class starts
+    from the first one's verdicts and re-checks only the tagged nodes."""
+    inv = cluster(random.Random(3))
+    cache = FilterCache()
+    snap = inv.snapshot()
+    assert snap.tagged == {n for n, v in snap.nodes.items() if v.owners} and snap.tagged
+    first, second, lp = (
+        parse_pod(payloads.pod("x", gpus=1, priority="high", owner="online")),
+        parse_pod(payloads.pod("y", gpus=1, priority="high", owner="third")),
+        parse_pod(payloads.pod("z", gpus=1)),
+    )
+    for req in (first, second, lp):
+        got = cache.filter(
+            req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since, tagged=snap.tagged
+        )
+        want = scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
+        assert sorted(got.passed) == sorted(n for n, v in zip(NAMES, want, strict=True) if v.ok)
+    assert (cache.full, cache.derived, cache.incremental) == (2, 1, 0)  # an LP pod has no family
+    # without the tagged set there is nothing to derive from
+    plain = FilterCache()
+    for req in (first, second):
+        plain.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+    assert (plain.full, plain.derived) == (2, 0)
