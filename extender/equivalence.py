@@ -131,16 +131,17 @@ class FilterCache:
         *,
         version: int,
         changed_since: Callable[[int], set[str] | None],
-        tagged: AbstractSet[str] | None = None,
+        tagged: Mapping[str, AbstractSet[str]] | None = None,
     ) -> FilterResult:
         """The filter result of ``req`` over candidate ``names`` against snapshot ``nodes``
         at ``version``. ``changed_since(v)`` names the nodes changed after snapshot ``v``
         (None when unknown). Same verdicts as :func:`extender.scheduling.filter_nodes`.
 
-        ``tagged``: every node of the snapshot with an ownership tag. Given it, the first
-        request of a high-priority class is derived from a class that differs only in its
-        owner (the owner decides only on tagged nodes: elsewhere both see the same
-        devices), re-checking the tagged and changed nodes instead of every candidate."""
+        ``tagged``: owner → the snapshot's nodes with a device tagged for that owner
+        (:attr:`extender.state.Snapshot.tagged`). Given it, the first request of a
+        high-priority class is derived from the latest class that differs only in its owner:
+        the owner decides only on nodes tagged for one of the two (elsewhere both see the
+        same devices), so only those and the changed nodes are re-checked."""
         if names is not self._names and self._names != names:
             self._names = list(names)
             self._index = {n: i for i, n in enumerate(self._names)}
@@ -186,7 +187,7 @@ class FilterCache:
         nodes: Mapping[str, NodeView],
         version: int,
         changed_since: Callable[[int], set[str] | None],
-        tagged: AbstractSet[str] | None,
+        tagged: Mapping[str, AbstractSet[str]] | None,
     ) -> _Entry | None:
         """A new entry for ``req`` from its family's latest class, or None."""
         if tagged is None or req.owner is None:
@@ -200,9 +201,13 @@ class FilterCache:
         ):
             return None
 
+        assert sibling_key is not None
+        empty: frozenset[str] = frozenset()
+        owners_nodes = tagged.get(req.owner, empty) | tagged.get(sibling_key[0].exact.owner or "", empty)
+
         def widened(since: int) -> set[str] | None:
             changed = changed_since(since)
-            return None if changed is None else changed.union(tagged)
+            return None if changed is None else changed.union(owners_nodes)
 
         entry = sibling.copy()
         return entry if self._update(req, entry, nodes, version, widened) else None

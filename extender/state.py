@@ -36,7 +36,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -66,8 +66,9 @@ class Snapshot:
 
     version: int
     nodes: Mapping[str, NodeView]
-    tagged: frozenset[str] = frozenset()
-    """Names of the nodes whose view has an ownership tag (:attr:`NodeView.owners`)."""
+    tagged: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
+    """Owner → names of the nodes whose view has a device tagged for that owner
+    (:attr:`NodeView.owners`)."""
 
     def get(self, name: str) -> NodeView | None:
         return self.nodes.get(name)
@@ -201,8 +202,11 @@ class Inventory:
         """The ``_Node`` each view was built from (``_Node`` values are replaced, never
         changed, when a GPUNode changes): a view rebuilt from the same one keeps its devices."""
         self._dirty: set[str] = set()
-        self._tagged: set[str] = set()
-        """Nodes whose current view has an ownership tag."""
+        self._owners_of: dict[str, frozenset[str]] = {}
+        """Node → the owners tagged in its current view (tagged nodes only)."""
+        self._tagged_sets: dict[str, set[str]] = {}
+        self._tagged: dict[str, frozenset[str]] = {}
+        """Owner → its tagged nodes (frozen copies of ``_tagged_sets``, for snapshots)."""
         self._generation = 0
         self._version = 0
         self._snapshot: Snapshot | None = None
@@ -712,16 +716,40 @@ class Inventory:
         self._dirty.clear()
         if self._snapshot is not None and not changed:
             return self._snapshot  # every change cancelled out: the same views
-        for name in changed:
-            current = self._views.get(name)
-            if current is not None and current.owners:
-                self._tagged.add(name)
-            else:
-                self._tagged.discard(name)
+        self._note_owners(changed)
         self._version += 1
         self._changelog.append((self._version, frozenset(changed)))
-        self._snapshot = Snapshot(self._version, MappingProxyType(dict(self._views)), frozenset(self._tagged))
+        self._snapshot = Snapshot(
+            self._version, MappingProxyType(dict(self._views)), MappingProxyType(dict(self._tagged))
+        )
         return self._snapshot
+
+    def _note_owners(self, changed: Iterable[str]) -> None:
+        """Keep :attr:`Snapshot.tagged` in step with the ``changed`` nodes' views."""
+        touched: set[str] = set()
+        for name in changed:
+            current = self._views.get(name)
+            new = current.owners if current is not None else frozenset()
+            old = self._owners_of.get(name, frozenset())
+            if new == old:
+                continue
+            if new:
+                self._owners_of[name] = new
+            else:
+                self._owners_of.pop(name, None)
+            for owner in old - new:
+                self._tagged_sets[owner].discard(name)
+                touched.add(owner)
+            for owner in new - old:
+                self._tagged_sets.setdefault(owner, set()).add(name)
+                touched.add(owner)
+        for owner in touched:
+            names = self._tagged_sets.get(owner)
+            if names:
+                self._tagged[owner] = frozenset(names)
+            else:
+                self._tagged_sets.pop(owner, None)
+                self._tagged.pop(owner, None)
 
     def changed_since(self, version: int) -> set[str] | None:
         """Names of nodes whose view changed (or vanished) between snapshot ``version`` and

@@ -73,7 +73,7 @@ _ops = st.one_of(
         st.just("node"),
         st.sampled_from(NODES),
         st.sampled_from(("HA", "MA", "LA")),
-        st.booleans(),
+        st.sampled_from((None, "online/job", "other/job")),
         st.booleans(),
     ),
     st.tuples(st.just("assume"), st.sampled_from(UIDS), st.sampled_from(NODES), _indices, st.booleans()),
@@ -114,7 +114,7 @@ def test_incremental_views_equal_views_built_from_scratch(ops: list[tuple[Any, .
                         node,
                         gpus=4,
                         tiers=tier,
-                        owners={0: "online/job"} if tagged else None,
+                        owners={0: tagged, 1: "online/job"} if tagged else None,
                         unhealthy={1} if sick else frozenset(),
                     ),
                 )
@@ -134,6 +134,8 @@ def test_incremental_views_equal_views_built_from_scratch(ops: list[tuple[Any, .
             assert _same(snap.get(name), _fresh_view(inv, name)), name
             if snap.get(name) is not prev.get(name):
                 assert name in changed, name
+        owners = {o for v in snap.nodes.values() for o in v.owners}
+        assert dict(snap.tagged) == {o: {n for n, v in snap.nodes.items() if o in v.owners} for o in owners}
         if snap.version == prev.version:
             assert snap is prev
         prev = snap
