@@ -138,6 +138,8 @@ class LeaseController:
         self._parsed_pods: dict[str, tuple[str, Holder | None, str | None]] = {}
         self._parsed_lease_cache: dict[str, tuple[str, GPULease | None]] = {}
         self._cluster = IncrementalView()
+        self._open_leases: tuple[int, list[str]] | None = None
+        """The lease mirror's generation and :meth:`_open_lease_keys` then."""
         """GPUNodes and pods holding GPUs, fed from the mirrors' changes (:meth:`view`)."""
 
     # ------------------------------------------------------------------ lifecycle
@@ -241,14 +243,25 @@ class LeaseController:
 
     def _enqueue_world(self) -> None:
         self._queue.add(CLUSTER_KEY)
-        for obj in self._leases.values():
-            status = obj.get("status") or {}
-            if not isinstance(status, dict) or status.get("phase") not in (
-                LeasePhase.DONE,
-                LeasePhase.FAILED,
-            ):
-                meta = _meta(obj)
-                self._queue.add(lease_key(str(meta.get("namespace") or ""), str(meta.get("name") or "")))
+        for key in self._open_lease_keys():
+            self._queue.add(key)
+
+    def _open_lease_keys(self) -> list[str]:
+        """Keys of the leases not Done or Failed, in the lease mirror's order; kept until
+        that mirror changes (every pod change asks, leases change rarely)."""
+        generation = self._leases.generation
+        if self._open_leases is None or self._open_leases[0] != generation:
+            open_keys: list[str] = []
+            for obj in self._leases.values():
+                status = obj.get("status") or {}
+                if not isinstance(status, dict) or status.get("phase") not in (
+                    LeasePhase.DONE,
+                    LeasePhase.FAILED,
+                ):
+                    meta = _meta(obj)
+                    open_keys.append(lease_key(str(meta.get("namespace") or ""), str(meta.get("name") or "")))
+            self._open_leases = (generation, open_keys)
+        return self._open_leases[1]
 
     # ------------------------------------------------------------------ reading
 

@@ -41,10 +41,12 @@ class CostPatch:
 def needs_cost(pod: Mapping[str, Any], critical: Mapping[str, frozenset[str]]) -> bool:
     """Whether ``pod`` is a live, critical ReplicaSet pod without the highest deletion cost."""
     meta = pod.get("metadata")
-    if not isinstance(meta, dict) or meta.get("deletionTimestamp") or is_terminated(dict(pod)):
+    if not isinstance(meta, dict):
         return False
-    labels = meta.get("labels")
+    labels = meta.get("labels")  # the cheap test first: most pods hold no critical role
     if not isinstance(labels, dict) or not profiles.is_critical(labels, critical):
+        return False
+    if meta.get("deletionTimestamp") or is_terminated(dict(pod)):
         return False
     refs = meta.get("ownerReferences")
     if not isinstance(refs, list) or not any(

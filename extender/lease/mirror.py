@@ -35,6 +35,14 @@ class Mirror:
         self._informer = Informer(store, kind, handler=self._deliver, name=f"lease-informer-{kind.value}")
         self._written: dict[tuple[str, str], JsonObj] = {}
         self._changed: set[tuple[str, str]] = set()
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """A number that grows with every change this mirror delivers or is told of
+        (:meth:`put`): what :meth:`values` returns can differ only after it moved, so a
+        caller may keep something derived from :meth:`values` until then."""
+        return self._generation
 
     @property
     def listed(self) -> asyncio.Event:
@@ -68,12 +76,16 @@ class Mirror:
         return changed
 
     def values(self) -> list[JsonObj]:
-        """The newest known state of every object. Treat them as read-only."""
-        out = {object_key(o): o for o in self._informer.items()}
-        for key, obj in self._written.items():
-            if key in out and _version(obj) > _version(out[key]):
-                out[key] = obj
-        return list(out.values())
+        """The newest known state of every object (in the informer's order), as
+        :meth:`current` has each. Treat them as read-only."""
+        written = self._written
+        if not written:  # the usual case: the watch has caught up with every write
+            return list(self._informer.items())
+        out: list[JsonObj] = []
+        for key, seen in self._informer.entries():
+            mine = written.get(key)
+            out.append(mine if mine is not None and _version(mine) > _version(seen) else seen)
+        return out
 
     def put(self, obj: JsonObj) -> None:
         """Remember ``obj`` (returned by one of the controller's writes) until the watch
@@ -84,6 +96,7 @@ class Mirror:
         ):
             self._written[key] = obj
             self._changed.add(key)
+            self._generation += 1
 
     async def _deliver(self, event: WatchEvent) -> None:
         key = object_key(event.object)
@@ -93,4 +106,5 @@ class Mirror:
         ):
             del self._written[key]
         self._changed.add(key)
+        self._generation += 1
         self._on_change(event.type, event.object)

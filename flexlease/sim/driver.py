@@ -49,7 +49,7 @@ from flexlease.logging import ctx
 from flexlease.sim import failures, metrics, objects, tide, tiering, traces
 from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient
 from flexlease.sim.scenario import Policy, Scenario, assign_models
-from flexlease.store import graceful
+from flexlease.store import graceful, semantics
 from flexlease.store.base import EventType, JsonObj, Kind, Store, WatchEvent
 from flexlease.store.informer import Informer
 
@@ -481,9 +481,13 @@ class Simulation:
         their kubelets would once the simulated containers stopped (at once), then drop pods
         the store no longer has; their LP jobs are resubmitted. Returns how many bound LP
         pods were found gone."""
-        await graceful.confirm_terminating(self.store)
-        listed = await self.store.list(Kind.POD)
-        present = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in listed.items}
+        listed = (await self.store.list(Kind.POD)).items  # one list for both steps
+        await graceful.confirm_listed(self.store, listed)  # each Terminating one is gone now
+        present = {
+            (o["metadata"]["namespace"], o["metadata"]["name"])
+            for o in listed
+            if not semantics.is_terminating(o)
+        }
         gone = 0
         for pod in list(self.pods.values()):
             if pod.uid in self.pods and (pod.namespace, pod.name) not in present:

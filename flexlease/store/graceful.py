@@ -11,6 +11,7 @@ tests confirm deletions with these helpers; on a real cluster the kubelet does i
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from datetime import datetime
 
 from flexlease.errors import NotFound
@@ -43,8 +44,15 @@ async def confirm_terminating(
     """Confirm the deletion of every Terminating pod (only those whose grace period has
     ended at ``now``, when given), as kubelets would once the containers stopped. Returns
     the ``namespace/name`` of the pods removed, sorted."""
+    return await confirm_listed(store, (await store.list(Kind.POD, namespace=namespace)).items, now=now)
+
+
+async def confirm_listed(store: Store, pods: Iterable[JsonObj], *, now: datetime | None = None) -> list[str]:
+    """:func:`confirm_terminating` for pods already listed (``pods``: Pod objects as a list
+    returned them): confirm the deletion of those Terminating (at ``now``, when given).
+    Returns the ``namespace/name`` of the pods removed, sorted."""
     done: list[str] = []
-    for pod in (await store.list(Kind.POD, namespace=namespace)).items:
+    for pod in pods:
         if not semantics.is_terminating(pod) or (now is not None and not grace_expired(pod, now)):
             continue
         meta = pod["metadata"]

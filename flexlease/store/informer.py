@@ -131,6 +131,11 @@ class Informer:
         """Every object as last delivered. Treat them as read-only."""
         return iter(list(self._objects.values()))
 
+    def entries(self) -> list[tuple[ObjectKey, JsonObj]]:
+        """Every object as last delivered with its ``(namespace, name)`` key, in the order
+        :meth:`items` has them. Treat the objects as read-only."""
+        return list(self._objects.items())
+
     # -- running -----------------------------------------------------------------------
 
     async def run(self) -> None:

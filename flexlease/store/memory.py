@@ -115,15 +115,27 @@ class MemoryStore:
         self._uids = uids
         self._kind_revision: dict[Kind, int] = {}
         """The revision of each kind's last write (for :attr:`idle`)."""
+        self._watches_opened = 0
+        self._idle_at: tuple[int, int] | None = None
+        """(revision, watches opened) when :attr:`idle` last found every watch caught up."""
 
     @property
     def idle(self) -> bool:
         """True when every open watch has yielded every change of its kind: nothing is in
-        flight from this store to its consumers (a simulation's quiescence check)."""
+        flight from this store to its consumers (a simulation's quiescence check, asked at
+        every turn of its event loop). A watch falls behind only by a write or by being
+        opened, so once every watch was caught up the answer stays True until one of those
+        happens."""
+        mark = (self._revision, self._watches_opened)
+        if self._idle_at == mark:
+            return True
         for kind, watches in self._watches.items():
+            if not watches:
+                continue
             last = self._kind_revision.get(kind, 0)
             if not all(w.caught_up(last) for w in list(watches)):
                 return False
+        self._idle_at = mark
         return True
 
     # -- reads ---------------------------------------------------------------------------
@@ -177,6 +189,7 @@ class MemoryStore:
         behind the history), ``StoreError`` (400) on a malformed version. The iterator
         also has ``aclose()``; it ends when the store closes."""
         start = None if resource_version in ("", "0") else semantics.parse_revision(resource_version)
+        self._watches_opened += 1
         watch = _MemoryWatch(
             self,
             kind,

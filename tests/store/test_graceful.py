@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from flexlease.store.base import Kind
-from flexlease.store.graceful import confirm_pod_deletion, confirm_terminating, grace_expired
+from flexlease.store.graceful import confirm_listed, confirm_pod_deletion, confirm_terminating, grace_expired
 from flexlease.store.memory import MemoryStore
 from tests.store.contract import NS, make_pod
 
@@ -25,5 +25,17 @@ async def test_confirm_terminating_honours_the_grace_period_when_given_a_time() 
     assert {p["metadata"]["name"] for p in (await store.list(Kind.POD)).items} == {"long", "running"}
     assert await confirm_terminating(store) == [f"{NS}/long"]  # without a time: every Terminating pod
     assert await confirm_pod_deletion(store, NS, "long") is False  # already gone
+    assert [p["metadata"]["name"] for p in (await store.list(Kind.POD)).items] == ["running"]
+    await store.close()
+
+
+async def test_confirm_listed_confirms_the_terminating_pods_of_a_list_already_made() -> None:
+    store = MemoryStore()
+    for name in ("gone", "terminating", "running"):
+        await store.create(Kind.POD, make_pod(name, node="gpu-1"))
+    await store.delete(Kind.POD, "terminating", namespace=NS)
+    listed = (await store.list(Kind.POD)).items
+    await store.delete(Kind.POD, "gone", namespace=NS, grace_period_seconds=0)  # after the list
+    assert await confirm_listed(store, listed) == [f"{NS}/terminating"]
     assert [p["metadata"]["name"] for p in (await store.list(Kind.POD)).items] == ["running"]
     await store.close()

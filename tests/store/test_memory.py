@@ -85,6 +85,33 @@ async def test_idle_until_every_watch_has_taken_every_change_of_its_kind() -> No
         await store.close()
 
 
+async def test_idle_is_asked_again_after_a_new_watch_or_a_write() -> None:
+    """Once idle, the store answers from what it last found until a watch opens or a write
+    lands; each of those makes it look at the watches again."""
+    store = MemoryStore()
+    try:
+        await store.create(Kind.POD, make_pod("a"))
+        async with watching(store, Kind.POD, str(store.revision)) as first:
+            assert store.idle and store.idle  # the second answer is the remembered one
+            async with watching(store, Kind.POD, "0") as fresh:  # "from now": a snapshot to take
+                assert not store.idle
+                await next_events(fresh, 1)
+                assert store.idle
+                async with watching(store, Kind.POD, str(store.revision - 1)) as behind:
+                    assert not store.idle  # opened behind the store's revision
+                    await next_events(behind, 1)
+                    assert store.idle
+                    await store.patch(Kind.POD, "a", {"metadata": {"labels": {"x": "1"}}}, namespace=NS)
+                    assert not store.idle
+                    for watch in (first, fresh):
+                        await next_events(watch, 1)
+                    assert not store.idle  # ``behind`` has not taken it yet
+                    await next_events(behind, 1)
+                    assert store.idle
+    finally:
+        await store.close()
+
+
 async def test_uids_and_creation_times_can_come_from_the_caller() -> None:
     clock = ManualClock(datetime(2026, 1, 5, 12, 0, 7, tzinfo=UTC))
     uids = iter(["uid-1", "uid-2"])

@@ -591,3 +591,32 @@ def test_a_malformed_user_profile_stops_the_controller_at_start(store: MemorySto
         match=r"bad\.yaml:11:29: commands\[0\]\.preconditions\[0\]\.ready: unknown role 'workers'",
     ):
         LeaseController(settings, store, registry=CollectorRegistry())
+
+
+async def test_open_lease_keys_follow_every_lease_change(store: MemoryStore, clock: ManualClock) -> None:
+    """Every pod change enqueues the leases not yet Done or Failed; the controller keeps that
+    list until the lease mirror changes. It must always equal the list made from scratch."""
+
+    def from_scratch(controller: LeaseController) -> list[str]:
+        return [
+            lease_key(o["metadata"]["namespace"], o["metadata"]["name"])
+            for o in controller._leases.values()
+            if (o.get("status") or {}).get("phase") not in ("Done", "Failed")
+        ]
+
+    async with running(store, clock) as (controller, _):
+        assert controller._open_lease_keys() == from_scratch(controller) == []
+        for name in ("a", "b", "c"):
+            await add_lease(store, lease(name, "Reclaim", count=1))
+        await eventually(lambda: _true(len(controller._leases.values()) == 3))
+        await store.patch(
+            Kind.GPULEASE, "b", {"status": {"phase": "Failed"}}, namespace="online", subresource="status"
+        )
+        await store.delete(Kind.GPULEASE, "c", namespace="online")
+        await eventually(lambda: _true(len(controller._leases.values()) == 2))
+        await eventually(
+            lambda: _true(all(o.get("status", {}).get("phase") for o in controller._leases.values()))
+        )
+        assert controller._open_lease_keys() == from_scratch(controller)
+        assert lease_key("online", "b") not in controller._open_lease_keys()
+        assert lease_key("online", "c") not in controller._open_lease_keys()
