@@ -18,12 +18,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-import aiohttp
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from flexlease.api import keys, wire
 from flexlease.errors import FlexleaseError
+from flexlease.sim.http1 import Http1Client, HttpError
 
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
 """kube-scheduler's default extender ``httpTimeout``."""
@@ -60,7 +60,6 @@ class CallStats:
         }
 
 
-_JSON: Final = {"Content-Type": "application/json"}
 _HOST_PRIORITY_LIST: Final = TypeAdapter(list[wire.HostPriority])
 _ARGS_KEYS: Final = tuple(
     wire.ExtenderArgs.model_fields[name].alias or name for name in ("pod", "nodes", "node_names")
@@ -105,36 +104,42 @@ def _text(raw: bytes) -> str:
 
 
 class ExtenderClient:
-    """Calls one extender at ``base_url`` (``http://127.0.0.1:<port>``) over ``session``."""
+    """Calls one extender at ``base_url`` (``http://127.0.0.1:<port>``) over kept-alive
+    HTTP/1.1 connections (:class:`~flexlease.sim.http1.Http1Client`). Use as an async
+    context manager, or call :meth:`close`."""
 
-    def __init__(
-        self, session: aiohttp.ClientSession, base_url: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS
-    ) -> None:
-        self._session = session
-        self._base = base_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        self._http = Http1Client(base_url.rstrip("/"))
+        self._timeout = timeout
         self.stats = CallStats()
+
+    async def __aenter__(self) -> ExtenderClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connections."""
+        await self._http.close()
 
     async def _post(self, verb: str, body: dict[str, Any]) -> Any:
         self.stats.calls[verb] += 1
         started = time.perf_counter()
         try:
-            async with self._session.post(
-                f"{self._base}/{verb}", data=orjson.dumps(body), headers=_JSON, timeout=self._timeout
-            ) as resp:
-                raw = await resp.read()
-                if resp.status != 200:
-                    raise ExtenderCallError(verb, f"HTTP {resp.status}: {_text(raw)}")
-                try:
-                    return _loads(raw)
-                except ValueError as exc:
-                    raise ExtenderCallError(verb, f"reply is not JSON: {_text(raw)}") from exc
+            try:
+                resp = await self._http.request("POST", f"/{verb}", orjson.dumps(body), limit_s=self._timeout)
+            except HttpError as exc:
+                raise ExtenderCallError(verb, f"{type(exc).__name__}: {exc}") from exc
+            if resp.status != 200:
+                raise ExtenderCallError(verb, f"HTTP {resp.status}: {_text(resp.body)}")
+            try:
+                return _loads(resp.body)
+            except ValueError as exc:
+                raise ExtenderCallError(verb, f"reply is not JSON: {_text(resp.body)}") from exc
         except ExtenderCallError:
             self.stats.errors[verb] += 1
             raise
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            self.stats.errors[verb] += 1
-            raise ExtenderCallError(verb, f"{type(exc).__name__}: {exc}") from exc
         finally:
             self.stats.seconds[verb] = self.stats.seconds.get(verb, 0.0) + time.perf_counter() - started
 
@@ -212,7 +217,7 @@ class ExtenderClient:
     async def ready(self) -> bool:
         """``GET /readyz`` → True on 200. Transport errors read as not ready."""
         try:
-            async with self._session.get(f"{self._base}/readyz", timeout=self._timeout) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+            resp = await self._http.request("GET", "/readyz", limit_s=self._timeout)
+        except HttpError:
             return False
+        return resp.status == 200

@@ -19,12 +19,11 @@ import json
 import logging
 import multiprocessing
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-import aiohttp
 import uvloop
 
 import flexlease.logging
@@ -94,12 +93,6 @@ def uid_source(policy: Policy) -> Callable[[], str]:
     return lambda: f"{tag:08x}-0000-4000-8000-{next(counter):012x}"
 
 
-@contextlib.asynccontextmanager
-async def _session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def run_policy(
     scenario: Scenario,
     policy: Policy,
@@ -117,8 +110,10 @@ async def run_policy(
     store = MemoryStore(clock=clock, uids=uid_source(policy), history_revisions=HISTORY_REVISIONS)
     factory = host or load_host()
     try:
-        async with factory(sim_settings(scenario, policy), store, clock) as ext, _session() as session:
-            client = ExtenderClient(session, ext.url)
+        async with (
+            factory(sim_settings(scenario, policy), store, clock) as ext,
+            ExtenderClient(ext.url) as client,
+        ):
             sim = driver.Simulation(
                 scenario,
                 policy,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -59,8 +58,7 @@ async def test_wire_format_is_kube_schedulers(aiohttp_server: MakeServer) -> Non
             "readyz": (200, {"ready": True}),
         },
     )
-    async with aiohttp.ClientSession() as session:
-        client = ExtenderClient(session, str(server.make_url("")))
+    async with ExtenderClient(str(server.make_url(""))) as client:
         result = await client.filter(POD, ["a", "b"])
         assert result.node_names == ["b"] and result.failed_nodes == {"a": "full"}
         assert await client.prioritize(POD, ["b"]) == {"b": 7}
@@ -98,8 +96,7 @@ async def test_protocol_violations_raise_and_count(
     aiohttp_server: MakeServer, verb: str, reply: tuple[int, Any], match: str
 ) -> None:
     server, _ = await _serve(aiohttp_server, {verb: reply})
-    async with aiohttp.ClientSession() as session:
-        client = ExtenderClient(session, str(server.make_url("")))
+    async with ExtenderClient(str(server.make_url(""))) as client:
         with pytest.raises(ExtenderCallError, match=match):
             if verb == "filter":
                 await client.filter(POD, ["a"])
@@ -113,14 +110,12 @@ async def test_protocol_violations_raise_and_count(
 async def test_prioritize_reads_keys_in_any_case_as_go_does(aiohttp_server: MakeServer) -> None:
     reply = [{"host": "a", "score": 3}, {"HOST": "b", "Score": 10, "Extra": 1}]
     server, _ = await _serve(aiohttp_server, {"prioritize": (200, reply)})
-    async with aiohttp.ClientSession() as session:
-        client = ExtenderClient(session, str(server.make_url("")))
+    async with ExtenderClient(str(server.make_url(""))) as client:
         assert await client.prioritize(POD, ["a", "b"]) == {"a": 3, "b": 10}
 
 
 async def test_unreachable_extender_is_an_error_and_not_ready() -> None:
-    async with aiohttp.ClientSession() as session:
-        client = ExtenderClient(session, "http://127.0.0.1:9", timeout=1.0)
+    async with ExtenderClient("http://127.0.0.1:9", timeout=1.0) as client:
         with pytest.raises(ExtenderCallError, match="/bind"):
             await client.bind("ns", "p", uid="u", node="n")
         assert not await client.ready()
