@@ -11,7 +11,6 @@ violated, 1 otherwise (the report still holds what it measured), 2 on bad argume
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,8 +81,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
     p.add_argument(
         "--jobs",
         type=int,
-        default=os.cpu_count() or 1,
-        help="policies simulated at once, one process each (default: the CPUs; same report)",
+        default=None,
+        help="policies simulated at once, one process each (default: all of them, sharing the"
+        " CPUs, so that they end together instead of one worker running two in turn; same report)",
     )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             policies,
             args.out,
             keep_state=args.keep_state,
-            jobs=args.jobs,
+            jobs=args.jobs or len(policies),
             log_level=args.log_level,
         )
     )

@@ -90,6 +90,41 @@ def _plain_scores(raw: list[Any]) -> dict[str, int] | None:
     return out
 
 
+_FILTER_KEYS: Final = frozenset(
+    wire.ExtenderFilterResult.model_fields[name].alias or name
+    for name in wire.ExtenderFilterResult.model_fields
+)
+
+
+def _str_map(value: Any) -> bool:
+    return type(value) is dict and all(type(k) is str and type(v) is str for k, v in value.items())
+
+
+def _plain_filter(raw: Any) -> wire.ExtenderFilterResult | None:
+    """An ``ExtenderFilterResult`` in the exact shape the extender writes (every field under
+    its Go name, ``Nodes`` null, the types right) as the model without validating it again
+    (about 1,300 replies per simulated day); None for anything else."""
+    if type(raw) is not dict or raw.keys() != _FILTER_KEYS or raw["Nodes"] is not None:
+        return None
+    names, failed, unresolvable, error = (
+        raw["NodeNames"],
+        raw["FailedNodes"],
+        raw["FailedAndUnresolvableNodes"],
+        raw["Error"],
+    )
+    if names is not None and (type(names) is not list or any(type(n) is not str for n in names)):
+        return None
+    if not (_str_map(failed) and _str_map(unresolvable) and type(error) is str):
+        return None
+    return wire.ExtenderFilterResult.model_construct(
+        nodes=None,
+        node_names=names,
+        failed_nodes=failed,
+        failed_and_unresolvable_nodes=unresolvable,
+        error=error,
+    )
+
+
 def _loads(raw: bytes) -> Any:
     """A JSON reply: orjson, or :mod:`json` for what orjson refuses (so a reply is refused
     only when neither reads it). Raises ``ValueError``."""
@@ -151,10 +186,12 @@ class ExtenderClient:
         """``/filter``. Raises :class:`ExtenderCallError` on failure, on a reply naming a node
         outside ``node_names``, or on a non-empty ``Error`` (which fails the cycle)."""
         raw = await self._post("filter", _extender_args(pod, node_names))
-        try:
-            result = wire.ExtenderFilterResult.model_validate(raw)
-        except ValidationError as exc:
-            raise self._protocol_error("filter", f"bad reply: {exc}") from exc
+        result = _plain_filter(raw)
+        if result is None:  # not the exact shape: validate as Go decodes it (keys in any case)
+            try:
+                result = wire.ExtenderFilterResult.model_validate(raw)
+            except ValidationError as exc:
+                raise self._protocol_error("filter", f"bad reply: {exc}") from exc
         if result.error:
             raise self._protocol_error("filter", f"Error: {result.error}")
         extra = set(result.node_names or []) - set(node_names)
@@ -187,6 +224,8 @@ class ExtenderClient:
             pod_name=name, pod_namespace=namespace, pod_uid=uid, node=node
         ).to_wire()
         raw = await self._post("bind", body)
+        if type(raw) is dict and raw.keys() == {"Error"} and type(raw["Error"]) is str:
+            return raw["Error"]  # the exact shape the extender writes
         try:
             return wire.ExtenderBindingResult.model_validate(raw).error
         except ValidationError as exc:

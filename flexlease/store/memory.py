@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -20,7 +19,7 @@ from flexlease.store.base import (
     Selector,
     WatchEvent,
 )
-from flexlease.store.watching import EmbeddedWatch
+from flexlease.store.watching import EmbeddedWatch, WatchRegistry
 
 DEFAULT_HISTORY_REVISIONS: Final = 10_000
 DEFAULT_BOOKMARK_SECONDS: Final = 1.0
@@ -109,7 +108,7 @@ class MemoryStore:
         self._history: list[_Change] = []
         self._dropped: dict[Kind, int] = {}
         """The revision of each kind's newest change dropped from the history."""
-        self._watches: dict[Kind, weakref.WeakSet[_MemoryWatch]] = {k: weakref.WeakSet() for k in Kind}
+        self._watches: dict[Kind, WatchRegistry[_MemoryWatch]] = {k: WatchRegistry() for k in Kind}
         self._closed = False
         self._clock = clock
         self._uids = uids
@@ -130,10 +129,8 @@ class MemoryStore:
         if self._idle_at == mark:
             return True
         for kind, watches in self._watches.items():
-            if not watches:
-                continue
             last = self._kind_revision.get(kind, 0)
-            if not all(w.caught_up(last) for w in list(watches)):
+            if not all(w.caught_up(last) for w in watches):
                 return False
         self._idle_at = mark
         return True

@@ -16,7 +16,6 @@ import functools
 import logging
 import sqlite3
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from flexlease.store.base import (
     Selector,
     WatchEvent,
 )
-from flexlease.store.watching import EmbeddedWatch
+from flexlease.store.watching import EmbeddedWatch, WatchRegistry
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +127,7 @@ class SqliteStore:
             max_workers=1, thread_name_prefix=f"sqlite-store-{self._path.name}"
         )
         self._conn: sqlite3.Connection | None = None  # used only on the executor's thread
-        self._watches: dict[Kind, weakref.WeakSet[_SqliteWatch]] = {k: weakref.WeakSet() for k in Kind}
+        self._watches: dict[Kind, WatchRegistry[_SqliteWatch]] = {k: WatchRegistry() for k in Kind}
         self._closed = False
 
     @property

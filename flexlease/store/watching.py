@@ -8,9 +8,41 @@ import asyncio
 import collections
 import time
 import weakref
-from typing import Any, Self
+from collections.abc import Iterator
+from typing import Any, Generic, Self, TypeVar
 
 from flexlease.store.base import Kind, Selector, WatchEvent
+
+W = TypeVar("W")
+
+
+class WatchRegistry(Generic[W]):
+    """A store's live watches of one kind, held by weak reference (a watch dropped without
+    ``aclose`` leaves by itself). Iterating gives the live ones at that moment; cheaper than
+    ``weakref.WeakSet``, which guards every item (a store iterates these on every write)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[W]] = {}
+
+    def add(self, watch: W) -> None:
+        key = id(watch)
+
+        def gone(ref: weakref.ref[W]) -> None:
+            if self._refs.get(key) is ref:
+                del self._refs[key]
+
+        self._refs[key] = weakref.ref(watch, gone)
+
+    def discard(self, watch: W) -> None:
+        ref = self._refs.get(id(watch))
+        if ref is not None and ref() is watch:
+            del self._refs[id(watch)]
+
+    def __iter__(self) -> Iterator[W]:
+        return iter([w for ref in tuple(self._refs.values()) if (w := ref()) is not None])
+
+    def __len__(self) -> int:
+        return sum(1 for ref in self._refs.values() if ref() is not None)
 
 
 class EmbeddedWatch:
@@ -29,7 +61,7 @@ class EmbeddedWatch:
         namespace: str | None,
         selector: Selector,
         store_closed: bool,
-        registry: weakref.WeakSet[Any],
+        registry: WatchRegistry[Any],
     ) -> None:
         """``registry``: the store's live watches of ``kind`` (woken on its writes); the
         watch is in it from now until :meth:`aclose`."""

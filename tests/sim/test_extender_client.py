@@ -8,9 +8,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from flexlease.api import wire
 from flexlease.sim import objects
-from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient
+from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient, _plain_filter
 
 Replies = dict[str, tuple[int, Any]]
 MakeServer = Callable[..., Awaitable[TestServer]]
@@ -119,3 +122,38 @@ async def test_unreachable_extender_is_an_error_and_not_ready() -> None:
         with pytest.raises(ExtenderCallError, match="/bind"):
             await client.bind("ns", "p", uid="u", node="n")
         assert not await client.ready()
+
+
+_NAMES = st.lists(st.sampled_from(["a", "b", "c"]), max_size=3)
+_MAPS = st.dictionaries(
+    st.sampled_from(["a", "b"]), st.one_of(st.text(max_size=3), st.integers()), max_size=2
+)
+_FILTER_REPLY = st.dictionaries(
+    st.sampled_from(
+        ["Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error", "nodenames"]
+    ),
+    st.one_of(st.none(), _NAMES, _MAPS, st.text(max_size=3), st.integers()),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        _FILTER_REPLY,
+        st.fixed_dictionaries(
+            {
+                "Nodes": st.none(),
+                "NodeNames": st.one_of(st.none(), _NAMES),
+                "FailedNodes": _MAPS,
+                "FailedAndUnresolvableNodes": _MAPS,
+                "Error": st.text(max_size=3),
+            }
+        ),
+    )
+)
+def test_the_filter_reply_shortcut_reads_what_validation_reads(raw: dict[str, Any]) -> None:
+    """The exact-shape shortcut gives the model pydantic gives, and declines anything else."""
+    fast = _plain_filter(raw)
+    if fast is not None:
+        assert fast == wire.ExtenderFilterResult.model_validate(raw)
+        assert set(raw) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
