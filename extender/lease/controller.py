@@ -315,10 +315,12 @@ class LeaseController:
             log.debug("view: %s", problem)
         return view
 
-    def _parsed_leases(self) -> list[GPULease]:
+    def _parsed_leases(self, objects: list[JsonObj] | None = None) -> list[GPULease]:
+        """The GPULeases (``objects``, default: the mirror's now) parsed, memoised per
+        resourceVersion; invalid ones left out."""
         out: list[GPULease] = []
         seen: set[str] = set()
-        for obj in self._leases.values():
+        for obj in self._leases.values() if objects is None else objects:
             meta = _meta(obj)
             key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
             version = str(meta.get("resourceVersion") or "")
@@ -669,6 +671,12 @@ class LeaseController:
             )
 
     def _update_gauges(self, view: ClusterView) -> None:
+        leases = self._leases.values()
+        self.metrics.defer_gauges(lambda: self._gauges(view, leases))
+
+    def _gauges(self, view: ClusterView, leases: list[JsonObj]) -> Gauges:
+        """The gauges for ``view`` and the GPULease objects ``leases`` (both as they were at
+        the reconcile: the view is frozen, the list a copy)."""
         lent: dict[tuple[str, str], int] = {}
         for gpu in view.gpus.values():
             if gpu.owner is not None:
@@ -680,10 +688,10 @@ class LeaseController:
             standby[label] = standby.get(label, 0) + 1
         outstanding = sum(
             1
-            for lease in self._parsed_leases()
+            for lease in self._parsed_leases(leases)
             if lease.spec.action is LeaseAction.RECLAIM and lease.status.phase not in FINISHED
         )
-        self.metrics.gauges = Gauges(lent=lent, outstanding_reclaims=outstanding, standby=standby)
+        return Gauges(lent=lent, outstanding_reclaims=outstanding, standby=standby)
 
 
 async def serve(

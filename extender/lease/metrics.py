@@ -9,7 +9,7 @@ does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -72,7 +72,7 @@ class LeaseMetrics:
     duplicate names, as prometheus_client does)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.gauges = Gauges()
+        self._gauges: Gauges | Callable[[], Gauges] = Gauges()
         self.reclaim_duration = Histogram(
             RECLAIM_DURATION,
             "Seconds from a Reclaim GPULease's creation until the owner holds every GPU again.",
@@ -98,3 +98,21 @@ class LeaseMetrics:
         for kind in ("lease", "cluster"):
             self.reconcile_errors.labels(kind=kind)
         registry.register(_GaugeCollector(self))
+
+    @property
+    def gauges(self) -> Gauges:
+        """The gauges' values (computed now, once, when :meth:`defer_gauges` left them
+        pending)."""
+        if not isinstance(self._gauges, Gauges):
+            self._gauges = self._gauges()
+        return self._gauges
+
+    @gauges.setter
+    def gauges(self, value: Gauges) -> None:
+        self._gauges = value
+
+    def defer_gauges(self, compute: Callable[[], Gauges]) -> None:
+        """Make ``compute()`` the gauges' values, called only when they are read (a scrape):
+        the controller refreshes them after every cluster reconcile, far more often than
+        they are scraped. ``compute`` must use only what it captured."""
+        self._gauges = compute

@@ -487,6 +487,8 @@ def _pick_replacement(
 class _Progress:
     noticed_before: frozenset[str] = frozenset()
     reclaimed: list[LeaseDevice] = field(default_factory=list)
+    reclaimed_keys: set[DeviceKey] = field(default_factory=set)
+    """The keys of ``reclaimed`` (kept with it: looked up once per target)."""
     supplements: dict[DeviceKey, Supplement] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
     tags: dict[DeviceKey, TagChange] = field(default_factory=dict)
@@ -519,8 +521,7 @@ def _reclaim_target(
     blocked: Mapping[str, str],
     now: datetime,
 ) -> None:
-    reclaimed = {d.key for d in p.reclaimed}
-    if target.key in reclaimed:
+    if target.key in p.reclaimed_keys:
         p.returned += 1
         return
     sup = p.supplements.get(target.key)
@@ -530,6 +531,7 @@ def _reclaim_target(
         p.returned += 1
         if sup is None:
             p.reclaimed.append(target)
+            p.reclaimed_keys.add(target.key)
         if gpu.owner == owner:
             p.tag(TagChange(current, None, leased_at=None))
         return
@@ -643,6 +645,7 @@ def plan_reclaim(
     p = _Progress(
         noticed_before=frozenset(status.preempted_pods),
         reclaimed=list(status.reclaimed),
+        reclaimed_keys={d.key for d in status.reclaimed},
         supplements={s.original.key: s for s in status.supplemented_from_standby},
         preempted=list(status.preempted_pods),
     )

@@ -32,3 +32,20 @@ def test_registering_twice_on_one_registry_fails() -> None:
     LeaseMetrics(registry)
     with pytest.raises(ValueError, match="Duplicated"):
         LeaseMetrics(registry)
+
+
+def test_deferred_gauges_are_computed_once_and_only_when_read() -> None:
+    registry = CollectorRegistry()
+    m = LeaseMetrics(registry)
+    calls: list[int] = []
+
+    def compute(n: int) -> Gauges:
+        calls.append(n)
+        return Gauges(outstanding_reclaims=n)
+
+    m.defer_gauges(lambda: compute(1))
+    m.defer_gauges(lambda: compute(2))  # replaced before anyone read it
+    assert calls == []
+    assert registry.get_sample_value(metrics.OUTSTANDING_RECLAIMS) == 2.0
+    assert registry.get_sample_value(metrics.OUTSTANDING_RECLAIMS) == 2.0
+    assert calls == [2]
