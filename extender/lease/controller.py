@@ -48,7 +48,7 @@ from pydantic import ValidationError
 from extender import tasks
 from extender.lease import deletion_cost, planner
 from extender.lease.events import ObjectRef, event_object
-from extender.lease.ledger import FINISHED, owner_ledger
+from extender.lease.ledger import FINISHED, Ledger, owner_ledger
 from extender.lease.metrics import Gauges, LeaseMetrics
 from extender.lease.mirror import Mirror
 from extender.lease.planner import EventType, LeasePlan, TagChange
@@ -139,6 +139,8 @@ class LeaseController:
         self._parsed_lease_cache: dict[str, tuple[str, GPULease | None]] = {}
         self._cluster = IncrementalView()
         self._open_leases: tuple[int, list[str]] | None = None
+        self._ledger_cache: tuple[tuple[int, str, str], Ledger] | None = None
+        """The lease mirror's generation, owner and excluded lease, and :meth:`_ledger` then."""
         """The lease mirror's generation and :meth:`_open_lease_keys` then."""
         """GPUNodes and pods holding GPUs, fed from the mirrors' changes (:meth:`view`)."""
 
@@ -315,6 +317,15 @@ class LeaseController:
             log.debug("view: %s", problem)
         return view
 
+    def _ledger(self, owner: str, *, exclude: str) -> Ledger:
+        """:func:`~extender.lease.ledger.owner_ledger` of the mirrored leases, kept until the
+        lease mirror changes (an open Reclaim is reconciled after every pod change; its
+        owner's history only grows)."""
+        mark = (self._leases.generation, owner, exclude)
+        if self._ledger_cache is None or self._ledger_cache[0] != mark:
+            self._ledger_cache = (mark, owner_ledger(self._parsed_leases(), owner, exclude=exclude))
+        return self._ledger_cache[1]
+
     def _parsed_leases(self, objects: list[JsonObj] | None = None) -> list[GPULease]:
         """The GPULeases (``objects``, default: the mirror's now) parsed, memoised per
         resourceVersion; invalid ones left out."""
@@ -367,17 +378,21 @@ class LeaseController:
             return None
         self._leases.put(raw)
         version = str(_meta(raw).get("resourceVersion") or "")
-        try:
-            lease = parse_gpulease(raw)
-        except ValidationError as exc:
-            await self._reject(raw, namespace=namespace, name=name, version=version, exc=exc)
-            return None
+        cached = self._parsed_lease_cache.get(f"{namespace}/{name}")
+        if cached is not None and cached[0] == version and cached[1] is not None:
+            lease = cached[1]  # parsed at this resourceVersion already
+        else:
+            try:
+                lease = parse_gpulease(raw)
+            except ValidationError as exc:
+                await self._reject(raw, namespace=namespace, name=name, version=version, exc=exc)
+                return None
         if lease.status.phase in FINISHED:
             self._blocked.pop(key, None)
             return None
         now = self._clock.now_utc()
         view = self.view()
-        ledger = owner_ledger(self._parsed_leases(), lease.spec.owner, exclude=name)
+        ledger = self._ledger(lease.spec.owner, exclude=name)
         plan = planner.plan_lease(
             lease,
             view,

@@ -1167,15 +1167,19 @@ class Simulation:
         cycle.supplemented = sum(1 for d in lent if d not in held and supplements.get(d) in held)
         cycle.missing = sum(1 for d in lent if d not in held and supplements.get(d) not in held)
 
-    def check_restored(self, t: float) -> None:
+    async def check_restored(self, t: float) -> None:
         """Mark the current cycle restored once the job holds its full size again, and
-        account its completeness then (pods bound after the scale-up tick count)."""
+        account its completeness then (pods bound after the scale-up tick count), from the
+        Reclaim's status as it is now: a Reclaim still in progress has already listed the
+        standby supplements the job holds."""
         if not self.cycles:
             return
         c = self.cycles[-1]
         restored = sum(len(p.devices) for p in self._job_pods()) >= self.s.job_gpus
         if c.up_at is not None and c.restored_at is None and restored:
             c.restored_at = t
+            if self.reclaim_name is not None and self.reclaim_started is not None:  # still open
+                self.reclaim_status = ((await self._reclaim_lease()) or {}).get("status") or {}
             self._account_cycle(c, final=True)
 
     # ------------------------------------------------------------------ metrics
@@ -1296,7 +1300,7 @@ class Simulation:
                 if self.dirty or any(p.node is None for p in self.pods.values()):
                     self.dirty = False
                     await self._schedule_round(t)
-                self.check_restored(t)
+                await self.check_restored(t)
                 await self.check_invariants(t, full=t % 3600 == 0)
                 if t % 3600 == 0:
                     self.sample(t)

@@ -111,3 +111,70 @@ async def test_supplement_events_are_counted_per_reclaim() -> None:
         assert await sim._supplement_events("reclaim-0001") == 2
     finally:
         await store.close()
+
+
+async def test_a_scale_up_restored_while_its_reclaim_runs_counts_the_supplements_listed_so_far() -> None:
+    """The job is full again before its Reclaim finished: the accounting then reads the
+    Reclaim's status as it is (a standby supplement the job holds is supplemented, not
+    missing)."""
+    store = MemoryStore()
+    clock = ManualClock(driver.EPOCH)
+    scenario = Scenario(nodes=2, standby_nodes=1, days=1)
+    sim = driver.Simulation(
+        scenario,
+        Policy.ROR,
+        world=driver.build_world(scenario),
+        store=store,
+        client=None,  # type: ignore[arg-type]
+        clock=clock,
+        host=None,  # type: ignore[arg-type]
+    )
+    a, b, c = DeviceKey("gpu-000", 0), DeviceKey("gpu-000", 1), DeviceKey("standby-00", 0)
+
+    def dev(d: DeviceKey) -> dict[str, object]:
+        return {"node": d.node, "index": d.index}
+
+    lease = {
+        "apiVersion": "flexlease.io/v1alpha1",
+        "kind": "GPULease",
+        "metadata": {"name": "reclaim-0001", "namespace": driver.JOB_NAMESPACE},
+        "spec": {"owner": driver.JOB_OWNER, "action": "Reclaim", "count": 2},
+    }
+    await store.create(Kind.GPULEASE, lease)
+    await store.patch(
+        Kind.GPULEASE,
+        "reclaim-0001",
+        {
+            "status": {
+                "phase": "InProgress",
+                "lent": [dev(a), dev(b)],
+                "supplementedFromStandby": [{"original": dev(b), "replacement": dev(c)}],
+            }
+        },
+        namespace=driver.JOB_NAMESPACE,
+        subresource="status",
+    )
+    sim.lend_lease = {"status": {"lent": [dev(a), dev(b)]}}
+    sim.released = [a, b]
+    sim.reclaim_name, sim.reclaim_started = "reclaim-0001", 0.0
+    cycle = driver.metrics.Cycle(down_at=0.0, released=2, up_at=600.0, lent_tagged=2)
+    sim.cycles.append(cycle)
+    others = [DeviceKey("gpu-001", i) for i in range(scenario.job_gpus - 2)]
+    sim.pods["u"] = driver.SimPod(
+        name="trainer-1",
+        namespace=driver.JOB_NAMESPACE,
+        uid="u",
+        obj={},
+        gpus=scenario.job_gpus,
+        high=True,
+        created=0.0,
+        seq=1,
+        node="gpu-000",
+        devices=(a, c, *others),
+    )
+    try:
+        await sim.check_restored(1200.0)
+        assert (cycle.restored_at, cycle.final) == (1200.0, True)
+        assert (cycle.reclaimed_same, cycle.supplemented, cycle.missing) == (1, 1, 0)
+    finally:
+        await store.close()

@@ -23,6 +23,7 @@ from extender.lease.controller import (
     lease_key,
     serve,
 )
+from extender.lease.ledger import owner_ledger
 from extender.lease.view import parse_time
 from flexlease.api import keys
 from flexlease.clock import ManualClock
@@ -606,6 +607,7 @@ async def test_open_lease_keys_follow_every_lease_change(store: MemoryStore, clo
 
     async with running(store, clock) as (controller, _):
         assert controller._open_lease_keys() == from_scratch(controller) == []
+        assert controller._ledger(OWNER, exclude="a") == owner_ledger([], OWNER)
         for name in ("a", "b", "c"):
             await add_lease(store, lease(name, "Reclaim", count=1))
         await eventually(lambda: _true(len(controller._leases.values()) == 3))
@@ -618,5 +620,9 @@ async def test_open_lease_keys_follow_every_lease_change(store: MemoryStore, clo
             lambda: _true(all(o.get("status", {}).get("phase") for o in controller._leases.values()))
         )
         assert controller._open_lease_keys() == from_scratch(controller)
+        for exclude in ("a", "b", "zzz"):  # the ledger kept per mirror generation, too
+            assert controller._ledger(OWNER, exclude=exclude) == owner_ledger(
+                controller._parsed_leases(), OWNER, exclude=exclude
+            )
         assert lease_key("online", "b") not in controller._open_lease_keys()
         assert lease_key("online", "c") not in controller._open_lease_keys()
