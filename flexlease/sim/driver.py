@@ -1223,7 +1223,7 @@ class Simulation:
             inv.violated("job_above_peak", f"t={t:g}: the job holds {job} GPUs, peak {self.s.job_gpus}")
         self.pools = dict(self._watched_pools)
         standby_nodes = {n for n, pool in self.pools.items() if pool is Pool.STANDBY}
-        holdings: list[tuple[str, bool, tuple[DeviceKey, ...]]] = []
+        holdings: list[tuple[str | SimPod, bool, tuple[DeviceKey, ...]]] = []
         if full:  # every live pod in the store, by its assigned-gpus annotation
             for obj in (await self.store.list(Kind.POD)).items:
                 meta = obj["metadata"]
@@ -1238,15 +1238,17 @@ class Simulation:
                 high = labels.get(keys.LABEL_PRIORITY) == keys.PRIORITY_HIGH
                 holdings.append((f"{meta['namespace']}/{meta['name']}", high, devices))
         else:  # the pods the simulator runs, with the assignment it read back after bind
-            holdings = [(f"{p.namespace}/{p.name}", p.high, p.devices) for p in self.pods.values() if p.node]
-        holders: dict[DeviceKey, str] = {}
-        for name, high, devices in holdings:
+            holdings = [(p, p.high, p.devices) for p in self.pods.values() if p.node]
+        holders: dict[DeviceKey, str | SimPod] = {}
+        for holder, high, devices in holdings:
             for d in devices:
                 if d in holders:
-                    inv.violated("gpu_held_twice", f"t={t:g}: {d} held by {holders[d]} and {name}")
-                holders[d] = name
+                    inv.violated(
+                        "gpu_held_twice", f"t={t:g}: {d} held by {_named(holders[d])} and {_named(holder)}"
+                    )
+                holders[d] = holder
                 if not high and d.node in standby_nodes:
-                    inv.violated("lp_on_standby", f"t={t:g}: {name} holds {d} on a standby node")
+                    inv.violated("lp_on_standby", f"t={t:g}: {_named(holder)} holds {d} on a standby node")
         for c in self.cycles:
             if c.restored_at is not None and not c.unaccounted_checked:
                 c.unaccounted_checked = True
@@ -1409,6 +1411,12 @@ class Simulation:
                 for x in self.samples
             ],
         }
+
+
+def _named(holder: str | SimPod) -> str:
+    """``namespace/name`` of a holder in :meth:`Simulation.check_invariants` (formatted only
+    for a violation)."""
+    return holder if isinstance(holder, str) else f"{holder.namespace}/{holder.name}"
 
 
 def _phase(obj: JsonObj | None) -> str | None:
