@@ -47,7 +47,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-import aiohttp
 import yaml
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
@@ -844,7 +843,7 @@ async def amain(args: argparse.Namespace) -> int:
                 "FLEXLEASE_LEASE__RECONFIGURE_MAX_AGE_SECONDS": "86400",
             },
         ) as extender,
-        aiohttp.ClientSession() as session,
+        ExtenderClient(extender.url) as client,
         GrpcCri(testbed.endpoint, timeout_seconds=20, pull_timeout_seconds=120) as cri,
     ):
         await cri.connect()
@@ -854,7 +853,6 @@ async def amain(args: argparse.Namespace) -> int:
             device_kubelets(nodes) as kubelets,
             running_agents(nodes, out=out, db=db, testbed=testbed, speedup=args.speedup, kubelets=kubelets),
         ):
-            client = ExtenderClient(session, extender.url)
             await run_agents_day(
                 store,
                 client,
