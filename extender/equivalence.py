@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from itertools import compress
+from operator import not_
 from typing import Final
 
 import orjson
@@ -324,7 +326,7 @@ def _add(result: FilterResult, name: str, v: Verdict) -> None:
 
 @dataclass(slots=True)
 class _Scores:
-    by_name: dict[str, str]
+    by_name: dict[str, bytes]
     """node → its ``{"Host": ..., "Score": ...}`` JSON member, valid at ``version``."""
     version: int
 
@@ -366,19 +368,24 @@ class PriorityCache:
             entry = _Scores({}, version)
         entry.version = version
         by_name = entry.by_name
-        missing = set(names).difference(by_name)
-        if missing:
+        fragments = list(map(by_name.get, names))
+        computed = 0
+        if None in fragments:
             scorer = scheduling.Scorer(req, keys)
-            for name in missing:  # scores are pure: the order does not matter
-                view = nodes.get(name)
-                by_name[name] = _host_score(name, scorer(view) if view is not None else 0)
-        self.computed += len(missing)
-        self.reused += len(names) - len(missing)
+            # the candidates without a score: C-level selection (a fragment is never empty)
+            for name in compress(names, map(not_, fragments)):
+                if name not in by_name:  # a candidate listed twice is scored once
+                    view = nodes.get(name)
+                    by_name[name] = _host_score(name, scorer(view) if view is not None else 0)
+                    computed += 1
+            fragments = list(map(by_name.__getitem__, names))
+        self.computed += computed
+        self.reused += len(names) - computed
         self._entries[class_key] = entry
         if len(self._entries) > self._max:
             del self._entries[next(iter(self._entries))]
-        return ("[" + ",".join(map(by_name.__getitem__, names)) + "]").encode()
+        return b"[" + b",".join(fragments) + b"]"  # type: ignore[arg-type]  # no None left
 
 
-def _host_score(name: str, score: int) -> str:
-    return '{"Host":' + _json_str(name) + ',"Score":' + str(score) + "}"
+def _host_score(name: str, score: int) -> bytes:
+    return ('{"Host":' + _json_str(name) + ',"Score":' + str(score) + "}").encode()

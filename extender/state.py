@@ -127,6 +127,35 @@ class _Holding:
         return (not self.bound, self.created, self.key)
 
 
+def _holder(
+    was: Holder | None,
+    uid: str,
+    key: str,
+    indices: tuple[int, ...],
+    *,
+    low: bool,
+    value: int,
+    reserved: bool,
+    critical: bool,
+) -> Holder:
+    """``Holder(uid, key, indices, ...)``, or ``was`` (the node's current one) when equal:
+    comparing fields is cheaper than building a frozen dataclass, and an unchanged holder
+    keeps the node's view equal by identity."""
+    if (
+        was is not None
+        and was.indices == indices
+        and was.low is low
+        and was.priority_value == value
+        and was.reserved is reserved
+        and was.critical is critical
+        and was.key == key
+    ):
+        return was
+    return Holder(
+        uid=uid, key=key, indices=indices, low=low, priority_value=value, reserved=reserved, critical=critical
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceCount:
     """Inventory gauge sample: ``count`` devices of ``model`` at ``tier`` (``"unknown"``
@@ -628,29 +657,22 @@ class Inventory:
     def _build_view(self, n: _Node) -> NodeView:
         claims = self._claims(n.name)
         taken = self._taken(n.name, claims)
+        current = self._views.get(n.name)
+        before: Mapping[str, Holder] = current.holders if current is not None else {}
         holders: dict[str, Holder] = {}
         for uid, indices in claims.items():
             h = self._holdings[uid]
-            holders[uid] = Holder(
-                uid=uid,
-                key=h.key,
-                indices=indices,
-                low=h.low,
-                priority_value=h.priority_value,
-                reserved=not h.bound,  # a bind in flight (or interrupted): never a victim
+            # a bind in flight (or interrupted) is reserved: never a victim
+            holders[uid] = _holder(
+                before.get(uid), uid, h.key, indices, low=h.low, value=h.priority_value, reserved=not h.bound,
                 critical=h.critical,
-            )
+            )  # fmt: skip
         for res in self._reservations.values():
             if res.node == n.name and res.uid not in holders:
-                holders[res.uid] = Holder(
-                    uid=res.uid,
-                    key=res.key,
-                    indices=res.indices,
-                    low=res.low,
-                    priority_value=res.priority_value,
-                    reserved=True,
-                    critical=res.uid in self._critical,
-                )
+                holders[res.uid] = _holder(
+                    before.get(res.uid), res.uid, res.key, res.indices, low=res.low, value=res.priority_value,
+                    reserved=True, critical=res.uid in self._critical,
+                )  # fmt: skip
         old = self._views.get(n.name) if self._built_from.get(n.name) is n else None
         if old is not None:
             # The GPUNode is the one the current view was built from: only holders can
