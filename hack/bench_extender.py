@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import cProfile
 import gc
 import json
@@ -37,7 +38,7 @@ import time
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import uvloop
@@ -257,6 +258,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+_R = TypeVar("_R")
+
+
+def _timed(
+    method: Callable[..., Awaitable[_R]], spent: contextvars.ContextVar[list[float] | None]
+) -> Callable[..., Awaitable[_R]]:
+    """``method`` adding its CPU seconds to the calling request's ``spent`` counter."""
+
+    async def timed(*args: Any, **kwargs: Any) -> _R:
+        counter = spent.get()
+        cpu = time.thread_time()
+        try:
+            return await method(*args, **kwargs)
+        finally:
+            if counter is not None:
+                counter[0] += time.thread_time() - cpu
+
+    return timed
+
+
 def server_main(conn: Connection, args: argparse.Namespace) -> None:
     os.sched_setaffinity(0, {args.server_cpu})
     logging.getLogger("extender").setLevel(logging.ERROR)  # binds racing for a node are expected
@@ -292,6 +313,11 @@ async def _server(
         v: [] for v in (*VERBS, "empty", "filter_full", "filter_incr", "filter_derived")
     }
     on_cpu: dict[str, list[float]] = {v: [] for v in VERBS}  # the handlers' CPU seconds
+    in_store: dict[str, list[float]] = {v: [] for v in VERBS}  # … of which the store's calls
+    store_cpu: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("store_cpu", default=None)
+    for method in ("get", "list", "create", "patch", "bind", "delete", "evict"):
+        # MemoryStore's methods never suspend: the CPU between call and return is theirs
+        setattr(store, method, _timed(getattr(store, method), store_cpu))
     serving_cpu = [0.0, 0.0]  # process CPU seconds when the cycles start and when they end
 
     @web.middleware
@@ -299,6 +325,8 @@ async def _server(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         start, cpu = time.perf_counter(), time.thread_time()
+        spent = [0.0]
+        store_cpu.set(spent)
         full, derived = cache.full, cache.derived
         verb = request.path.lstrip("/")
         if verb == "empty" and not serving_cpu[1]:
@@ -311,6 +339,7 @@ async def _server(
                 recorded[verb].append(took)
             if verb in on_cpu:
                 on_cpu[verb].append(time.thread_time() - cpu)
+                in_store[verb].append(spent[0])
             if verb == "filter":  # full filter (a new class of pods) or an incremental one
                 part = (
                     "filter_full"
@@ -365,6 +394,7 @@ async def _server(
     for v in VERBS:
         recorded[v] = recorded[v][args.warmup :]
         on_cpu[v] = on_cpu[v][args.warmup :]
+        in_store[v] = in_store[v][args.warmup :]
     reg = app[extserver.METRICS].registry
     hist = {
         v: (
@@ -378,6 +408,7 @@ async def _server(
         {
             "recorded": recorded,
             "on_cpu": on_cpu,
+            "in_store": in_store,
             "process_cpu": serving_cpu[1] - serving_cpu[0],
             "hist": hist,
             "summary": inv.summary(),
@@ -637,6 +668,13 @@ def report(
         + ", ".join(f"{v} {_ms(cpu[v], 0.5)}/{_ms(cpu[v], 0.99)}" for v in VERBS)
         + f"); whole process {whole * 1000:.2f} ms "
         f"({1 / whole:.0f} cycles/s of one core: HTTP, watches, binds)"
+    )
+    store_cycle = _per_cycle(result, server, "in_store")
+    own = cpu_cycle - store_cycle
+    print(
+        f"… of which the in-process store (the API server's stand-in: reads, merge patches, Bindings): "
+        f"{store_cycle * 1000:.2f} ms; the extender's own handler code: {own * 1000:.2f} ms "
+        f"({1 / own:.0f} cycles/s of one core)"
     )
     print(f"filter p50 / HTTP floor p50: {percentile(t['filter'], 0.5) / floor_c:.2f}x")
     pauses = server["gc"]
