@@ -1,14 +1,14 @@
-"""A small keep-alive HTTP/1.1 client for the simulator's calls to the hosted extender.
+"""A keep-alive HTTP/1.1 client for the simulator's calls to the hosted extender.
 
 kube-scheduler calls its extenders over Go's ``net/http``: one POST per verb on a kept-alive
 connection. The simulator does the same about 200,000 times per policy over 60 simulated
 days, one call at a time, to a server on loopback; ``aiohttp.ClientSession`` spends about as
 much CPU per call as the extender's whole server side (timeouts, tracing, cookies, headers
-merging), so this client does only what those calls need (RFC 9112): a request line, ``Host``,
-``Content-Type`` and ``Content-Length`` headers, and a response read by its
-``Content-Length``, chunked, or until the server closes. A connection the server closed
-while idle is replaced before the next request. Everything else (redirects, TLS, proxies,
-``Expect``, upgrades) is not there.
+merging), so this client sends only what those calls need — a request line and ``Host``,
+``Content-Type`` and ``Content-Length`` headers — over asyncio, and leaves the protocol
+(RFC 9112: framing by length, chunked or until close, keep-alive, malformed responses) to
+``h11``, the sans-I/O HTTP/1.1 library. A connection the server closed while idle is
+replaced before the next request, as Go's ``net/http`` does. No redirects, TLS, proxies.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Final, cast
 from urllib.parse import urlsplit
+
+import h11
 
 from flexlease.errors import FlexleaseError
 
@@ -40,17 +42,16 @@ class Response:
 
 
 class _Connection(asyncio.Protocol):
-    """One connection; one request at a time (``begin``, then await ``waiter``)."""
+    """One connection; one request at a time (``begin``, then await the future it returns).
+    The HTTP/1.1 protocol itself (framing, keep-alive, chunked bodies, errors) is h11's."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.waiter: asyncio.Future[Response] | None = None
-        self._buf = bytearray()
-        self._head: tuple[int, dict[str, str]] | None = None
-        self._body = bytearray()
-        self._chunk_left: int | None = None  # chunked: bytes left in the current chunk
-        self._in_trailers = False
+        self._h11 = h11.Connection(our_role=h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self._head: h11.Response | None = None
+        self._body: list[bytes] = []
         self.silent = True
         """No byte of the current request's response has arrived."""
 
@@ -64,33 +65,32 @@ class _Connection(asyncio.Protocol):
             self._fail(HttpError("data from the server without a request"))
             return
         self.silent = False
-        self._buf += data
-        try:
-            self._advance()
-        except HttpError as exc:
-            self._fail(exc)
+        self._h11.receive_data(data)
+        self._advance()
 
     def eof_received(self) -> bool | None:
-        self._finish_at_close()
+        self._h11.receive_data(b"")  # a response without a length ends here
+        self._advance()
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._finish_at_close()
         self._fail(HttpError(f"connection closed: {exc or 'by the server'}"))
 
     # -- requests ---------------------------------------------------------------------------
 
-    def begin(self, request: bytes) -> asyncio.Future[Response]:
+    def begin(self, request: h11.Request, body: bytes) -> asyncio.Future[Response]:
+        """Send ``request`` with ``body``; the future gets the whole response."""
         assert self.transport is not None
+        if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
+            self._h11.start_next_cycle()  # keep-alive: the next request on this connection
         self.waiter = asyncio.get_running_loop().create_future()
-        self._buf.clear()
         self._head = None
-        self._body.clear()
-        self._chunk_left = None
-        self._in_trailers = False
+        self._body = []
         self.silent = True
-        self.transport.write(request)
+        self.transport.write(
+            self._h11.send(request) + self._h11.send(h11.Data(data=body)) + self._h11.send(h11.EndOfMessage())
+        )
         return self.waiter
 
     def close(self) -> None:
@@ -103,108 +103,38 @@ class _Connection(asyncio.Protocol):
             self.waiter.set_exception(exc)
         self.close()
 
-    def _finish_at_close(self) -> None:
-        """A response without a length ends when the server closes."""
-        if self._head is not None and self._chunk_left is None and "content-length" not in self._head[1]:
-            self._done(bytes(self._body) + bytes(self._buf), keep=False)
-
-    def _done(self, body: bytes, *, keep: bool) -> None:
-        assert self._head is not None and self.waiter is not None
-        status, headers = self._head
-        if not keep or headers.get("connection", "").lower() == "close":
-            self.close()
-        if not self.waiter.done():
-            self.waiter.set_result(Response(status, headers, body))
-
     def _advance(self) -> None:
-        buf = self._buf
-        if self._head is None:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD_BYTES:
-                    raise HttpError("response head too long")
-                return
-            self._head = _parse_head(bytes(buf[:end]))
-            del buf[: end + 4]
-            headers = self._head[1]
-            if "chunked" in headers.get("transfer-encoding", "").lower():
-                self._chunk_left = 0
-            elif self._head[0] in (204, 304) or 100 <= self._head[0] < 200:
-                self._done(b"", keep=True)
-                return
-        headers = self._head[1]
-        if self._chunk_left is not None:
-            self._advance_chunked()
-            return
-        length = headers.get("content-length")
-        if length is None:
-            self._body += buf  # read until the server closes
-            buf.clear()
-            return
-        try:
-            size = int(length)
-        except ValueError:
-            raise HttpError(f"bad Content-Length: {length!r}") from None
-        if size < 0:
-            raise HttpError(f"bad Content-Length: {length!r}")
-        if len(buf) >= size:
-            body = bytes(buf[:size])
-            extra = len(buf) > size
-            del buf[:size]
-            if extra:
-                raise HttpError("more data than the Content-Length")
-            self._done(body, keep=True)
-
-    def _advance_chunked(self) -> None:
-        buf = self._buf
         while True:
-            if self._in_trailers:  # trailer lines until an empty one
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return
-                line = bytes(buf[:end])
-                del buf[: end + 2]
-                if not line:
-                    self._done(bytes(self._body), keep=True)
-                    return
-                continue
-            left = self._chunk_left or 0
-            if left:
-                if len(buf) < left + 2:
-                    return
-                if buf[left : left + 2] != b"\r\n":
-                    raise HttpError("chunk not followed by CRLF")
-                self._body += buf[:left]
-                del buf[: left + 2]
-                self._chunk_left = 0
-                continue
-            end = buf.find(b"\r\n")
-            if end < 0:
-                return
-            size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
             try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise HttpError(f"bad chunk size: {size_text!r}") from None
-            del buf[: end + 2]
-            if size == 0:
-                self._in_trailers = True
-            else:
-                self._chunk_left = size
+                event = self._h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._fail(HttpError(f"bad response: {exc}"))
+                return
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                return
+            if isinstance(event, h11.InformationalResponse):
+                continue
+            if isinstance(event, h11.Response):
+                self._head = event
+            elif isinstance(event, h11.Data):
+                self._body.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                self._done()
+                return
+            elif isinstance(event, h11.ConnectionClosed):
+                self._fail(HttpError("connection closed by the server before the whole response"))
+                return
 
-
-def _parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
-    lines = raw.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise HttpError(f"bad status line: {lines[0][:100]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise HttpError(f"bad header line: {line[:100]!r}")
-        headers[name.lower()] = value.strip()
-    return int(parts[1]), headers
+    def _done(self) -> None:
+        assert self._head is not None and self.waiter is not None
+        headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self._head.headers
+        }
+        reusable = self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE
+        if not reusable or self._h11.trailing_data[0]:
+            self.close()  # h11 says it cannot carry another request, or the server sent more
+        if not self.waiter.done():
+            self.waiter.set_result(Response(self._head.status_code, headers, b"".join(self._body)))
 
 
 class Http1Client:
@@ -248,24 +178,28 @@ class Http1Client:
         seconds pass first (the connection is then dropped)."""
         if self._closed:
             raise HttpError("the client is closed")
-        head = (
-            f"{method} {path} HTTP/1.1\r\nHost: {self._authority.decode()}\r\n"
-            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode("latin-1")
-        request = head + body
+        request = h11.Request(
+            method=method,
+            target=path,
+            headers=[
+                ("Host", self._authority.decode()),
+                ("Content-Type", content_type),
+                ("Content-Length", str(len(body))),
+            ],
+        )
         conn: _Connection | None = None
         try:
             async with asyncio.timeout(limit_s):
                 conn, reused = await self._connection()
                 try:
-                    response = await conn.begin(request)
+                    response = await conn.begin(request, body)
                 except HttpError:
                     if not (reused and conn.silent):
                         raise
                     # The server closed the kept-alive connection before it answered (Go's
                     # net/http sends such a request once more, on a new connection).
                     conn, _ = await self._connection(fresh=True)
-                    response = await conn.begin(request)
+                    response = await conn.begin(request, body)
         except BaseException as exc:
             if conn is not None:
                 conn.close()
