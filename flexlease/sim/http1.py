@@ -51,7 +51,7 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[Response] | None = None
         self._h11 = h11.Connection(our_role=h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
         self._head: h11.Response | None = None
-        self._body: list[bytes] = []
+        self._body: list[bytes | bytearray] = []
         self.silent = True
         """No byte of the current request's response has arrived."""
 
@@ -88,9 +88,11 @@ class _Connection(asyncio.Protocol):
         self._head = None
         self._body = []
         self.silent = True
-        self.transport.write(
-            self._h11.send(request) + self._h11.send(h11.Data(data=body)) + self._h11.send(h11.EndOfMessage())
-        )
+        head = self._h11.send(request)
+        data = self._h11.send(h11.Data(data=body))
+        self._h11.send(h11.EndOfMessage())  # Content-Length framing: nothing to send
+        assert head is not None and data is not None
+        self.transport.writelines((head, data))
         return self.waiter
 
     def close(self) -> None:
@@ -117,7 +119,7 @@ class _Connection(asyncio.Protocol):
             if isinstance(event, h11.Response):
                 self._head = event
             elif isinstance(event, h11.Data):
-                self._body.append(bytes(event.data))
+                self._body.append(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 self._done()
                 return

@@ -155,6 +155,9 @@ class _FakeTransport:
     def write(self, data: bytes) -> None:
         self.written += data
 
+    def writelines(self, parts: tuple[bytes, ...]) -> None:
+        self.written += b"".join(parts)
+
     def close(self) -> None:
         self.closed = True
 
