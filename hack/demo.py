@@ -944,15 +944,25 @@ async def run_agents_day(
     report["paths"] = {"report": str(out / "report.json"), "plot": str(plot(demo, out)), "logs": str(out)}
 
 
+def fresh_out(out: Path) -> None:
+    """Prepare ``out`` for a fresh day: the previous run's store and its agents' state
+    (availability ledgers, checkpoint caches, logs, node configs) go; report and plot are
+    overwritten later. Every run replays the same day from its start, so an agent must not
+    inherit the last run's health: a GPU left unhealthy at the end of that day would start
+    this one in recovery hold-down, and its device plugin would report 7 healthy GPUs."""
+    out.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{out / 'state.db'}{suffix}").unlink(missing_ok=True)
+    shutil.rmtree(out / "agents", ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=Path("out/demo"), help="report, plot, logs, state")
     parser.add_argument("--speedup", type=float, default=900.0, help="simulated seconds per real second")
     parser.add_argument("--end-hour", type=float, default=24.0, help="stop the day at this simulated hour")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for suffix in ("", "-wal", "-shm"):  # a fresh day: the previous run's store goes
-        Path(f"{args.out / 'state.db'}{suffix}").unlink(missing_ok=True)
+    fresh_out(args.out)
     try:
         return asyncio.run(amain(args))
     except (DemoError, FlexleaseError, ExtenderCallError) as exc:
