@@ -273,7 +273,11 @@ async def _read_json(request: web.Request) -> Any:
     (400) on a body that is not UTF-8 JSON, nests deeper than
     :data:`extender.body.MAX_JSON_DEPTH` or holds an integer literal longer than
     :data:`extender.body.MAX_JSON_INT_DIGITS`, and what :func:`_read_bytes` raises."""
-    raw = await _read_bytes(request)
+    return _decode(await _read_bytes(request))
+
+
+def _decode(raw: bytes) -> Any:
+    """:func:`extender.body.decode`, its refusals as :class:`_Reject` (400)."""
     try:
         return body.decode(raw)
     except body.BodyError as exc:
@@ -289,11 +293,7 @@ async def _read_args(request: web.Request) -> wire.ExtenderArgs:
     args = request.app[ARGS_DECODER].decode(raw)
     if args is not None:
         return args
-    try:
-        decoded = body.decode(raw)
-    except body.BodyError as exc:
-        raise _Reject(400, exc.reason, str(exc)) from exc
-    return _model(wire.ExtenderArgs, decoded)
+    return _model(wire.ExtenderArgs, _decode(raw))
 
 
 _M = TypeVar("_M", bound=wire.WireModel)

@@ -231,11 +231,8 @@ class Inventory:
         """The ``_Node`` each view was built from (``_Node`` values are replaced, never
         changed, when a GPUNode changes): a view rebuilt from the same one keeps its devices."""
         self._dirty: set[str] = set()
-        self._owners_of: dict[str, frozenset[str]] = {}
-        """Node → the owners tagged in its current view (tagged nodes only)."""
-        self._tagged_sets: dict[str, set[str]] = {}
         self._tagged: dict[str, frozenset[str]] = {}
-        """Owner → its tagged nodes (frozen copies of ``_tagged_sets``, for snapshots)."""
+        """Owner → the nodes whose current view has a device tagged for that owner."""
         self._generation = 0
         self._version = 0
         self._snapshot: Snapshot | None = None
@@ -673,7 +670,7 @@ class Inventory:
                     before.get(res.uid), res.uid, res.key, res.indices, low=res.low, value=res.priority_value,
                     reserved=True, critical=res.uid in self._critical,
                 )  # fmt: skip
-        old = self._views.get(n.name) if self._built_from.get(n.name) is n else None
+        old = current if self._built_from.get(n.name) is n else None
         if old is not None:
             # The GPUNode is the one the current view was built from: only holders can
             # differ. Keep every device whose holder is the same, and the whole view when
@@ -725,20 +722,26 @@ class Inventory:
             return self._snapshot
         changed: set[str] = set()
         for name in self._dirty:
+            before = self._views.get(name)
             n = self._nodes.get(name)
+            view = self._build_view(n) if n is not None else None
             if n is None:
-                if self._views.pop(name, None) is not None:
-                    changed.add(name)
                 self._built_from.pop(name, None)
+            if view is before:
                 continue
-            view = self._build_view(n)
-            if self._views.get(name) is not view:
+            changed.add(name)
+            if view is None:
+                del self._views[name]
+            else:
                 self._views[name] = view
-                changed.add(name)
+            self._retag(
+                name,
+                before.owners if before is not None else frozenset(),
+                view.owners if view is not None else frozenset(),
+            )
         self._dirty.clear()
         if self._snapshot is not None and not changed:
             return self._snapshot  # every change cancelled out: the same views
-        self._note_owners(changed)
         self._version += 1
         self._changelog.append((self._version, frozenset(changed)))
         self._snapshot = Snapshot(
@@ -746,32 +749,16 @@ class Inventory:
         )
         return self._snapshot
 
-    def _note_owners(self, changed: Iterable[str]) -> None:
-        """Keep :attr:`Snapshot.tagged` in step with the ``changed`` nodes' views."""
-        touched: set[str] = set()
-        for name in changed:
-            current = self._views.get(name)
-            new = current.owners if current is not None else frozenset()
-            old = self._owners_of.get(name, frozenset())
-            if new == old:
-                continue
-            if new:
-                self._owners_of[name] = new
+    def _retag(self, name: str, old: frozenset[str], new: frozenset[str]) -> None:
+        """Move node ``name`` in :attr:`Snapshot.tagged` from owners ``old`` to ``new``."""
+        for owner in old - new:
+            rest = self._tagged[owner] - {name}
+            if rest:
+                self._tagged[owner] = rest
             else:
-                self._owners_of.pop(name, None)
-            for owner in old - new:
-                self._tagged_sets[owner].discard(name)
-                touched.add(owner)
-            for owner in new - old:
-                self._tagged_sets.setdefault(owner, set()).add(name)
-                touched.add(owner)
-        for owner in touched:
-            names = self._tagged_sets.get(owner)
-            if names:
-                self._tagged[owner] = frozenset(names)
-            else:
-                self._tagged_sets.pop(owner, None)
-                self._tagged.pop(owner, None)
+                del self._tagged[owner]
+        for owner in new - old:
+            self._tagged[owner] = self._tagged.get(owner, frozenset()) | {name}
 
     def changed_since(self, version: int) -> set[str] | None:
         """Names of nodes whose view changed (or vanished) between snapshot ``version`` and
