@@ -11,14 +11,16 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from flexlease.logging import ctx
+from flexlease.tasks import stop
 
 log = logging.getLogger(__name__)
 
 
 @contextlib.asynccontextmanager
 async def running(coro: Coroutine[Any, Any, None], *, name: str) -> AsyncIterator[asyncio.Task[None]]:
-    """Run ``coro`` as the task ``name`` for the ``async with`` body; on exit cancel it and
-    wait for it to finish (its ``CancelledError`` is swallowed, any other error propagates).
+    """Run ``coro`` as the task ``name`` for the ``async with`` body; on exit stop it
+    (:func:`flexlease.tasks.stop`: cancel it and wait for it to finish; its error, if any,
+    propagates, and so does a cancel of the task leaving the block while it waits).
     A task that ends on its own before that is logged at once (critical for an exception),
     like kopf's guarded tasks: background work must never vanish silently."""
     task = asyncio.create_task(coro, name=name)
@@ -27,9 +29,7 @@ async def running(coro: Coroutine[Any, Any, None], *, name: str) -> AsyncIterato
         yield task
     finally:
         task.remove_done_callback(_report_exit)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await stop(task)
 
 
 def _report_exit(task: asyncio.Task[None]) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import os
 import platform
@@ -51,6 +50,7 @@ from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flexlease import tasks
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 from nodeagent.cache.checkpoints import CheckpointCache, CheckpointMetrics
@@ -377,9 +377,7 @@ async def bench(args: argparse.Namespace, env: dict[str, str]) -> str:
                 )
             backoffs = [e for e in kubelet.events if e.reason == "BackOff"]
             assert not backoffs, backoffs
-            kubelet_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await kubelet_task
+            await tasks.stop(kubelet_task)
             await kubelet.remove_all()
             await store.close()
             for sid in (recreate_sandbox, hot_sandbox):

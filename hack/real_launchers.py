@@ -62,7 +62,7 @@ from extender.orchestrator.profile import Command, Profile
 from extender.orchestrator.runner import JobRef, RetryPolicy, Runner
 from extender.orchestrator.snapshot import PodState, pod_state
 from extender.orchestrator.watch import ReadinessWatch
-from flexlease import errors
+from flexlease import errors, tasks
 from flexlease.api import keys
 from flexlease.api.pod import owner_label_value
 from flexlease.clock import SystemClock
@@ -228,7 +228,7 @@ class Job:
                 (role, i, delay) for role, ds in delays.items() for i, delay in enumerate(ds)
             )
         ]
-        tasks: list[asyncio.Task[None]] = []
+        kubelets: list[asyncio.Task[None]] = []
         try:
             for pod in self.pods:
                 created = await self.store.create(
@@ -239,17 +239,13 @@ class Job:
                 )
                 pod.uid = created["metadata"]["uid"]
             await asyncio.gather(*(self._create(pod) for pod in self.pods))
-            tasks = [
+            kubelets = [
                 asyncio.create_task(self._start(pod), name=f"launchers-kubelet/{pod.name}")
                 for pod in self.pods
             ]
             yield self.pods
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await tasks.stop(*kubelets)
             await asyncio.gather(*(self._remove(pod) for pod in self.pods))
 
     def _container_spec(self, pod: Pod) -> podspec.ContainerSpec:

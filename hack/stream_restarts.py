@@ -60,6 +60,7 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 
 import flexlease.logging
+from flexlease import tasks
 from flexlease.api import keys
 from flexlease.config import AgentSettings
 from flexlease.store.base import JsonObj, Kind
@@ -335,8 +336,8 @@ class ContainerTrainer:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            with contextlib.suppress(Exception):  # a controller that died failed the restart already
+                await tasks.stop(self._task)
         if self.sandbox_id is not None:
             for c in await self.runtime.cri.list_containers(sandbox_id=self.sandbox_id):
                 if c.state is ContainerState.RUNNING:

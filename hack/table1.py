@@ -48,7 +48,7 @@ from extender.orchestrator.profile import Profile
 from extender.orchestrator.runner import JobRef, RetryPolicy, Runner
 from extender.orchestrator.snapshot import PodState, pod_state
 from extender.orchestrator.watch import ReadinessWatch
-from flexlease import errors
+from flexlease import errors, tasks
 from flexlease.api import keys
 from flexlease.api.pod import owner_label_value
 from flexlease.clock import SystemClock
@@ -244,11 +244,7 @@ class Trial:
                 probes.append(asyncio.create_task(self._probe(pod), name=f"table1-probe/{pod.name}"))
             yield pods
         finally:
-            for task in probes:
-                task.cancel()
-            for task in probes:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await tasks.stop(*probes)
             await asyncio.gather(*(self._remove(pod) for pod in pods))
 
     async def _start(self, pod: Pod) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import ValidationError
 
+from flexlease import tasks
 from flexlease.api import keys
 from flexlease.api.resources import AgentInfo, DeviceStatus, GPUNodeSpec, Health, Pool, summarize
 from flexlease.api.tiers import Tier
@@ -237,6 +238,4 @@ async def _sleep_or_set(ctx: AgentContext, seconds: float, *, event: asyncio.Eve
     try:
         await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in (sleeper, waiter):
-            t.cancel()
-        await asyncio.gather(sleeper, waiter, return_exceptions=True)
+        await tasks.stop(sleeper, waiter)

@@ -44,6 +44,7 @@ from typing import Any, Final
 
 import grpc
 
+from flexlease import tasks
 from nodeagent.deviceplugin import deviceplugin_pb2 as pb
 from nodeagent.deviceplugin import podresources_pb2 as prpb
 from nodeagent.deviceplugin import rpc
@@ -188,17 +189,13 @@ class DeviceKubelet:
     @staticmethod
     async def _close(plugin: Plugin) -> None:
         if plugin.stream is not None:
-            plugin.stream.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await plugin.stream
+            await tasks.stop(plugin.stream)
         await plugin.channel.close()
 
     async def stop(self) -> None:
         """Stop serving (plugin sockets are left as they are)."""
         if self._status_task is not None:
-            self._status_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._status_task
+            await tasks.stop(self._status_task)
             self._status_task = None
         await self._drop_plugins()
         for server in (self._registration, self._pod_resources):

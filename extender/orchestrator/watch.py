@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 
 from extender.orchestrator.profile import Role
 from extender.orchestrator.snapshot import PodState, Snapshot, pod_state
+from flexlease import tasks
 from flexlease.api import keys
 from flexlease.api.pod import owner_label_value
 from flexlease.clock import Clock
@@ -64,7 +65,7 @@ class ReadinessWatch:
     async def running(self) -> AsyncIterator[ReadinessWatch]:
         """Run one informer per role (tasks named ``orchestrator-watch/<owner>/<role>``) for the
         duration of the block; cancelled and awaited on exit."""
-        tasks: list[asyncio.Task[None]] = []
+        watching: list[asyncio.Task[None]] = []
         for role in self._roles:
             informer = Informer(
                 self._store,
@@ -76,18 +77,14 @@ class ReadinessWatch:
                 ),
                 name=f"orchestrator-watch/{self._owner}/{role}",
             )
-            tasks.append(asyncio.create_task(informer.run(), name=informer.name))
-            tasks.append(
+            watching.append(asyncio.create_task(informer.run(), name=informer.name))
+            watching.append(
                 asyncio.create_task(self._mark_listed(role, informer), name=f"{informer.name}/listed")
             )
         try:
             yield self
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await tasks.stop(*watching)
 
     def _on_event(self, role: str) -> Handler:
         async def handle(event: WatchEvent) -> None:

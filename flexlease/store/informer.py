@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import Final
 
+from flexlease import tasks
 from flexlease.errors import Gone, StoreError
 from flexlease.logging import ctx
 from flexlease.store.base import EVERYTHING, EventType, JsonObj, Kind, Selector, Store, WatchEvent
@@ -182,9 +183,7 @@ class Informer:
         try:
             yield self
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await tasks.stop(task)
 
     async def _list(self) -> None:
         listed = await self._store.list(self._kind, namespace=self._namespace, selector=self._selector)
@@ -297,9 +296,8 @@ class Informer:
             yield iterator
         finally:
             await iterator.aclose()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            with contextlib.suppress(Exception):  # the iterator raised it already
+                await tasks.stop(task)
 
 
 def _default_name(kind: Kind, namespace: str | None, selector: Selector) -> str:

@@ -48,7 +48,6 @@ watches of this store, so an informer that lists then watches stays exact.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -60,6 +59,7 @@ import aiohttp
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from flexlease import tasks
 from flexlease.config import StoreSettings
 from flexlease.errors import Conflict, Gone, NotFound, StoreError, TooManyRequests
 from flexlease.logging import ctx
@@ -549,9 +549,7 @@ class _Watch:
         ``StopAsyncIteration`` (an event not yet taken is dropped)."""
         self._store._watches.discard(self)
         if self._task is not None and not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await tasks.stop(self._task)
         await self._events.aclose()
         while not self._queue.empty():
             self._queue.get_nowait()

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from flexlease import tasks
 from flexlease.config import LeaseSettings
 from flexlease.errors import Conflict, NotFound, StoreError
 from flexlease.logging import ctx
@@ -157,13 +158,9 @@ class LeaderElector:
             try:
                 await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for t in (task, lost):
-                    t.cancel()
-                await asyncio.wait({task, lost})  # a cancel of this task itself still propagates
+                await tasks.stop(task, lost)  # raises the error ``work`` ended with
             if task.cancelled():
                 continue  # leadership was lost
-            if (error := task.exception()) is not None:
-                raise error
             await self.wait_not_leading()  # ``work`` returned: run it again after the next acquisition
 
     # -- the loops ---------------------------------------------------------------------------

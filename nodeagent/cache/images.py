@@ -14,6 +14,7 @@ measured registry throughput (``B_reg``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from flexlease import tasks
 from flexlease.cri import api_pb2
 from flexlease.logging import ctx
 from nodeagent.cache.rate import EwmaRate
@@ -171,8 +173,8 @@ class ImagePuller:
         finally:
             self._metrics.in_progress.dec()
             if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                with contextlib.suppress(Exception):  # the pull is given up: what it ended with is moot
+                    await tasks.stop(task)
         seconds = self._clock() - started
         status = await self._images.image_status(image)
         size = status.size_bytes if status is not None else 0
