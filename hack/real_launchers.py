@@ -47,7 +47,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import random
 import sys
 import time
 import uuid
@@ -446,16 +445,6 @@ async def run_trial(
     return TrialResult(prof.name, mode, ok, seconds, execs, message)
 
 
-def start_delays(
-    rng: random.Random, framework: str, workers: int, low: float, high: float
-) -> dict[str, list[float]]:
-    """Container start delays, uniform in [low, high] s: the coordinator's first."""
-    return {
-        COORDINATOR[framework]: [round(rng.uniform(low, high), 2)],
-        "worker": [round(rng.uniform(low, high), 2) for _ in range(workers)],
-    }
-
-
 async def run_table(
     testbed: Testbed,
     *,
@@ -467,36 +456,21 @@ async def run_table(
     frameworks: Sequence[str] = FRAMEWORKS,
     progress: bool = True,
 ) -> list[TrialResult]:
-    """``trials`` jobs per framework and mode, modes alternating on the same delays."""
-    rng = random.Random(seed)
-    profs = profiles()
-    results: list[TrialResult] = []
-    store = MemoryStore()
-    try:
-        async with (
-            GrpcCri(testbed.endpoint, timeout_seconds=60) as cri,
-            CriExecutor(testbed.endpoint) as executor,
-        ):
-            for index in range(trials):
-                for name in frameworks:
-                    delays = start_delays(rng, name, workers[name], low, high)
-                    for mode in ("naive", "orchestrated"):
-                        r = await run_trial(
-                            cri,
-                            testbed,
-                            store,
-                            executor,
-                            prof=profs[name],
-                            mode=mode,
-                            index=len(results),
-                            delays=delays,
-                        )
-                        results.append(r)
-                        if progress:
-                            print(f"trial {index + 1}/{trials} {_line(r)}", file=sys.stderr, flush=True)
-    finally:
-        await store.close()
-    return results
+    """``trials`` jobs per framework and mode, modes alternating on the same container start
+    delays (:func:`hack.table1.run_schedule`)."""
+    return await table1.run_schedule(
+        run_trial,
+        testbed,
+        profiles=profiles(),
+        frameworks=frameworks,
+        workers=workers,
+        trials=trials,
+        seed=seed,
+        low=low,
+        high=high,
+        cri_timeout_seconds=60,
+        line=_line if progress else None,
+    )
 
 
 def reason(stderr: bytes) -> str:

@@ -37,10 +37,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from extender.orchestrator import dag, profile, template
 from extender.orchestrator.executors import CriExecutor
@@ -69,6 +69,8 @@ LAUNCHER: Final = {"mpi": "mpirun", "pytorch": "torchrun", "ray": "ray start", "
 PAPER: Final = {"mpi": (95, 0), "pytorch": (97, 0), "ray": (92, 0), "tensorflow": (0, 0)}
 """WeFlex Table 1, failure rates in percent: (original, topology-aware)."""
 PROBE_PERIOD_S: Final = 0.2
+MODES: Final = ("naive", "orchestrated")
+"""The launch modes of a trial, in the order a schedule runs them on the same delays."""
 
 
 @dataclass(frozen=True)
@@ -346,6 +348,8 @@ async def launch_orchestrated(
 def boot_delays(
     rng: random.Random, framework: str, workers: int, low: float, high: float
 ) -> dict[str, list[float]]:
+    """Boot (or container start) delays, uniform in [low, high] s: the coordinator's first,
+    then ``workers`` workers'."""
     return {
         COORDINATOR[framework]: [round(rng.uniform(low, high), 2)],
         "worker": [round(rng.uniform(low, high), 2) for _ in range(workers)],
@@ -379,33 +383,100 @@ async def run_trial(
 async def run_table(
     testbed: Testbed, *, trials: int, workers: int, seed: int, low: float, high: float, progress: bool = True
 ) -> list[TrialResult]:
-    """``trials`` jobs per framework and mode, alternating modes so both see the same load."""
+    """``trials`` jobs per framework and mode, alternating modes so both see the same load
+    (:func:`run_schedule`)."""
+    return await run_schedule(
+        run_trial,
+        testbed,
+        profiles=profiles(),
+        frameworks=FRAMEWORKS,
+        workers=dict.fromkeys(FRAMEWORKS, workers),
+        trials=trials,
+        seed=seed,
+        low=low,
+        high=high,
+        cri_timeout_seconds=30,
+        line=_line if progress else None,
+    )
+
+
+class HasEndpoint(Protocol):
+    @property
+    def endpoint(self) -> str:
+        """The testbed's CRI endpoint (``unix:///...``)."""
+        ...
+
+
+TestbedT = TypeVar("TestbedT", bound=HasEndpoint)
+TestbedT_contra = TypeVar("TestbedT_contra", bound=HasEndpoint, contravariant=True)
+ResultT = TypeVar("ResultT")
+ResultT_co = TypeVar("ResultT_co", covariant=True)
+
+
+class RunTrial(Protocol[TestbedT_contra, ResultT_co]):
+    """One trial of a harness (this module's :func:`run_trial`, the real launchers')."""
+
+    def __call__(
+        self,
+        cri: GrpcCri,
+        testbed: TestbedT_contra,
+        store: MemoryStore,
+        executor: CriExecutor,
+        *,
+        prof: Profile,
+        mode: str,
+        index: int,
+        delays: dict[str, list[float]],
+    ) -> Awaitable[ResultT_co]: ...
+
+
+async def run_schedule(
+    trial: RunTrial[TestbedT, ResultT],
+    testbed: TestbedT,
+    *,
+    profiles: Mapping[str, Profile],
+    frameworks: Sequence[str],
+    workers: Mapping[str, int],
+    trials: int,
+    seed: int,
+    low: float,
+    high: float,
+    cri_timeout_seconds: float,
+    line: Callable[[ResultT], str] | None,
+) -> list[ResultT]:
+    """The trial schedule of both Table 1 harnesses: ``trials`` rounds; in each, for every
+    framework in ``frameworks``, one draw of :func:`boot_delays` (``workers[framework]``
+    workers, uniform in [low, high] s, from one ``random.Random(seed)``: same seed, same
+    delays) and then one ``trial`` per mode of :data:`MODES` on those same delays, so both
+    modes see the same load. Trials are numbered from 0 in the order they run; one
+    MemoryStore, CRI client (``cri_timeout_seconds`` per call) and executor serve them all.
+    ``line(result)`` is printed to stderr after each trial when given. Returns the results in
+    that order; an exception from a trial propagates."""
     rng = random.Random(seed)
-    profs = profiles()
-    results: list[TrialResult] = []
+    results: list[ResultT] = []
     store = MemoryStore()
     try:
         async with (
-            GrpcCri(testbed.endpoint, timeout_seconds=30) as cri,
+            GrpcCri(testbed.endpoint, timeout_seconds=cri_timeout_seconds) as cri,
             CriExecutor(testbed.endpoint) as executor,
         ):
             for index in range(trials):
-                for name in FRAMEWORKS:
-                    delays = boot_delays(rng, name, workers, low, high)
-                    for mode in ("naive", "orchestrated"):
-                        r = await run_trial(
+                for name in frameworks:
+                    delays = boot_delays(rng, name, workers[name], low, high)
+                    for mode in MODES:
+                        r = await trial(
                             cri,
                             testbed,
                             store,
                             executor,
-                            prof=profs[name],
+                            prof=profiles[name],
                             mode=mode,
                             index=len(results),
                             delays=delays,
                         )
                         results.append(r)
-                        if progress:
-                            print(f"trial {index + 1}/{trials} {_line(r)}", file=sys.stderr, flush=True)
+                        if line is not None:
+                            print(f"trial {index + 1}/{trials} {line(r)}", file=sys.stderr, flush=True)
     finally:
         await store.close()
     return results

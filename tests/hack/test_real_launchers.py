@@ -37,8 +37,8 @@ def test_format_table_counts_failures_per_mode() -> None:
 
 
 def test_start_delays_are_seeded_and_bounded() -> None:
-    a = real_launchers.start_delays(random.Random(7), "ray", 2, 1.0, 4.0)
-    b = real_launchers.start_delays(random.Random(7), "ray", 2, 1.0, 4.0)
+    a = table1.boot_delays(random.Random(7), "ray", 2, 1.0, 4.0)
+    b = table1.boot_delays(random.Random(7), "ray", 2, 1.0, 4.0)
     assert a == b and list(a) == ["head", "worker"] and len(a["worker"]) == 2
     assert all(1.0 <= d <= 4.0 for ds in a.values() for d in ds)
 
