@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -31,3 +32,33 @@ async def test_a_running_task_is_cancelled_quietly_on_exit(caplog: pytest.LogCap
         await started.wait()
     assert task.cancelled()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_cancel_of_the_owner_while_the_task_stops_propagates() -> None:
+    cancelled, release = asyncio.Event(), asyncio.Event()
+    went_on = False
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            while not release.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await release.wait()
+            raise
+
+    async def owner() -> None:
+        nonlocal went_on
+        async with tasks.running(slow_to_stop(), name="watch"):
+            await asyncio.sleep(0)
+        went_on = True
+
+    caller = asyncio.create_task(owner(), name="owner")
+    await cancelled.wait()
+    caller.cancel()
+    await asyncio.sleep(0)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert not went_on
