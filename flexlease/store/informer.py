@@ -296,7 +296,7 @@ class Informer:
             yield iterator
         finally:
             await iterator.aclose()
-            with contextlib.suppress(Exception):  # the iterator raised it already
+            with contextlib.suppress(Exception):  # a failure reaches the consumer through the iterator
                 await tasks.stop(task)
 
 
