@@ -37,6 +37,14 @@ from flexlease.store.memory import MemoryStore
 SETTLE_QUIET_ROUNDS: Final = 2
 """Consecutive event-loop iterations with nothing in flight that count as quiescent."""
 MAX_SETTLE_ROUNDS: Final = 100_000
+SIM_GEN0_THRESHOLD: Final = 50_000
+"""The young-generation threshold in a simulation. The extender's own (2,000) keeps each
+collection short, because a real cluster waits for every pause; on the simulation's virtual
+clock a pause costs nothing but its CPU, and fewer, larger collections cost less CPU in total
+(an 8-day right-of-return run at 64 nodes: 0.50 s of collection instead of 1.23 s, the same
+report)."""
+SIM_GEN1_THRESHOLD: Final = 10
+"""The generation-1 threshold in a simulation: CPython's default, for the same reason."""
 
 
 class NotQuiescent(FlexleaseError):
@@ -63,9 +71,10 @@ class HostedExtender:
     async def paused(self) -> AsyncIterator[None]:
         """Hold the lease controller for the body (a scheduling round): it takes no key until
         the body ends, so its reconciles fall between rounds at well-defined points. The
-        extender's watches and HTTP verbs keep running."""
+        extender's watches and HTTP verbs keep running. Nested uses hold it until the
+        outermost body ends."""
         controller = self._controller()
-        if controller is None:
+        if controller is None or controller.paused:  # nested: the outer body resumes it
             yield
             return
         controller.pause()
@@ -161,13 +170,13 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
 @contextlib.contextmanager
 def collector_policy() -> Iterator[None]:
     """The extender's garbage-collector policy (:func:`extender.gcpolicy.freeze`: collect,
-    freeze what is alive, raise the young threshold) for the body, applied once the hosted
-    extender has listed: the simulation's inputs and the listed state stay out of every
-    later collection. On exit the frozen objects go back to the collector (a later run's
-    collections free what this one left in reference cycles) and the thresholds are restored.
-    Process-wide, like the policy itself."""
+    freeze what is alive, raise the young threshold, here to :data:`SIM_GEN0_THRESHOLD`) for
+    the body, applied once the hosted extender has listed: the simulation's inputs and the
+    listed state stay out of every later collection. On exit the frozen objects go back to
+    the collector (a later run's collections free what this one left in reference cycles)
+    and the thresholds are restored. Process-wide, like the policy itself."""
     thresholds = gc.get_threshold()
-    gcpolicy.freeze()
+    gcpolicy.freeze(gen0_threshold=SIM_GEN0_THRESHOLD, gen1_threshold=SIM_GEN1_THRESHOLD)
     try:
         yield
     finally:

@@ -286,9 +286,14 @@ class Simulation:
         self._watched_pools: dict[str, Pool] = {}
         self._gpunodes = Informer(store, Kind.GPUNODE, handler=self._gpunode_event, name="sim-gpunodes")
         """The store's GPUNodes as its watch delivers them, for the pools checked every tick
-        (reading them from a watch instead of listing every GPUNode each tick: the lease
-        controller moves nodes only while the extender settles, which also waits for this
-        watch to have delivered every change)."""
+        and the job's ownership tags (reading them from a watch instead of listing every
+        GPUNode each tick: the lease controller moves nodes only while the extender settles,
+        which also waits for this watch to have delivered every change)."""
+        self._listed_pods = Informer(store, Kind.POD, handler=_ignore, name="sim-pods")
+        """The store's Pods as its watch delivers them, for the hourly look at every pod
+        (:meth:`reconcile_pods`, :meth:`check_invariants`): what a list would return once the
+        watches caught up (:meth:`caught_up`), each change decoded once instead of every
+        live pod twice an hour."""
         self.rng = random.Random(f"scheduler:{scenario.seed}")
         self.tiers = tiering.TierPolicy(window=scenario.tier_window, refresh=scenario.tier_refresh)
         self.general = general_nodes(scenario)
@@ -401,6 +406,14 @@ class Simulation:
         await self.host.settle()
         self.stats.settles += 1
 
+    async def caught_up(self) -> None:
+        """Wait until the store's watches, the simulator's own included, have delivered
+        every write so far, with the lease controller held (it takes no key meanwhile), so
+        that reading a watched cache adds no point at which the controller acts: the run
+        stays what it is without the caches."""
+        async with self.host.paused():
+            await self.host.settle()
+
     def now(self) -> float:
         """Simulated seconds since t = 0 on the shared clock."""
         return self.clock.now() - self.origin
@@ -481,7 +494,8 @@ class Simulation:
         their kubelets would once the simulated containers stopped (at once), then drop pods
         the store no longer has; their LP jobs are resubmitted. Returns how many bound LP
         pods were found gone."""
-        listed = (await self.store.list(Kind.POD)).items  # one list for both steps
+        await self.caught_up()
+        listed = list(self._listed_pods.items())  # what a list returns now, for both steps
         await graceful.confirm_listed(self.store, listed)  # each Terminating one is gone now
         present = {
             (o["metadata"]["namespace"], o["metadata"]["name"])
@@ -1078,7 +1092,8 @@ class Simulation:
     async def _owner_tags(self) -> dict[str, list[int]]:
         """Devices tagged for the job that its pods do not hold, by node."""
         out: dict[str, list[int]] = {}
-        for obj in (await self.store.list(Kind.GPUNODE)).items:
+        await self.caught_up()
+        for obj in self._gpunodes.items():
             node = obj["metadata"]["name"]
             for idx, dev in ((obj.get("spec") or {}).get("devices") or {}).items():
                 key = DeviceKey(node, int(idx))
@@ -1225,7 +1240,8 @@ class Simulation:
         standby_nodes = {n for n, pool in self.pools.items() if pool is Pool.STANDBY}
         holdings: list[tuple[str | SimPod, bool, tuple[DeviceKey, ...]]] = []
         if full:  # every live pod in the store, by its assigned-gpus annotation
-            for obj in (await self.store.list(Kind.POD)).items:
+            await self.caught_up()
+            for obj in self._listed_pods.items():
                 meta = obj["metadata"]
                 raw = (meta.get("annotations") or {}).get(keys.ANN_ASSIGNED_GPUS)
                 if not raw or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -1277,8 +1293,9 @@ class Simulation:
     async def run(self) -> None:
         """Set up, then tick until the horizon. Raises :class:`SimulationError` when the
         extender or the store keeps failing."""
-        async with self._gpunodes.running():
+        async with self._gpunodes.running(), self._listed_pods.running():
             await self._gpunodes.listed.wait()
+            await self._listed_pods.listed.wait()
             await self._run()
 
     async def _run(self) -> None:
@@ -1411,6 +1428,10 @@ class Simulation:
                 for x in self.samples
             ],
         }
+
+
+async def _ignore(event: WatchEvent) -> None:
+    """An informer's handler when only its cache is read."""
 
 
 def _named(holder: str | SimPod) -> str:

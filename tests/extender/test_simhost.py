@@ -3,6 +3,8 @@ clock, with a quiescence check that sees store changes in flight and controller 
 
 from __future__ import annotations
 
+import gc
+
 import aiohttp
 
 from extender import simhost
@@ -31,7 +33,10 @@ async def test_hosted_extender_serves_http_and_settles_on_the_virtual_clock() ->
             lease = objects.gpulease(
                 "reclaim-1", "online/trainer", action=LeaseAction.RECLAIM, count=1, grace_period_seconds=30
             )
+            assert gc.get_threshold()[:2] == (simhost.SIM_GEN0_THRESHOLD, simhost.SIM_GEN1_THRESHOLD)
             async with host.paused():  # a scheduling round: the controller waits
+                async with host.paused():  # nested: the outer body still holds it afterwards
+                    pass
                 await store.create(Kind.GPULEASE, lease)
                 await host.settle()
                 held = await store.get(Kind.GPULEASE, "reclaim-1", namespace="online")
@@ -44,3 +49,4 @@ async def test_hosted_extender_serves_http_and_settles_on_the_virtual_clock() ->
             assert due is not None and due <= clock.now() + 3600  # its timers are on this clock
     finally:
         await store.close()
+    assert gc.get_threshold()[:2] != (simhost.SIM_GEN0_THRESHOLD, simhost.SIM_GEN1_THRESHOLD)

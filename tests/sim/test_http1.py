@@ -8,14 +8,13 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import h11
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexlease.sim.http1 import Http1Client, HttpError, Response, _Connection
+from flexlease.sim.http1 import Http1Client, HttpError, Response, _Connection, request_head
 
 MakeServer = Callable[..., Awaitable[TestServer]]
 
@@ -123,17 +122,36 @@ async def _raw_server(reply: bytes, *, close: bool) -> AsyncIterator[str]:
     [
         (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end", True, b"until the end"),
         (b"HTTP/1.1 204 No Content\r\n\r\n", False, b""),
-        (b"garbage\r\n\r\n", False, "illegal status line"),
-        (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", False, "illegal header line"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", False, "bad Content-Length"),
+        (b"garbage\r\n\r\n", False, "Expected HTTP/"),
+        (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", False, "Invalid header token"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", False, "Invalid character in Content-Length"),
         (
             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nabc",
             False,
             b"ab",
         ),  # the rest: dropped with the connection
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", False, "illegal chunk header"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabc", False, "malformed chunk footer"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", True, "without sending complete message body"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            False,
+            "Invalid character in chunk size",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabc",
+            False,
+            "Expected LF after chunk data",
+        ),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", False, b"ok"),
+        (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", False, "head longer than 65536 bytes"),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+            False,
+            "upgrade was not asked for",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+            True,
+            "closed by the server before the whole response",
+        ),
     ],
 )
 async def test_what_a_raw_server_sends_is_read_or_refused_clearly(
@@ -185,7 +203,7 @@ def test_a_response_split_anywhere_reads_the_same(case: tuple[bytes, Response], 
     async def play() -> Response:
         conn = _Connection()
         conn.connection_made(_FakeTransport())  # type: ignore[arg-type]
-        waiter = conn.begin(h11.Request(method="POST", target="/", headers=[("Host", "x")]), b"")
+        waiter = conn.begin(request_head("POST", "/", "x", "application/json", 0), b"")
         at = 0
         for cut in cuts:
             if at >= len(raw):
@@ -197,3 +215,27 @@ def test_a_response_split_anywhere_reads_the_same(case: tuple[bytes, Response], 
         return await waiter
 
     assert asyncio.run(play()) == expected
+
+
+async def test_a_second_response_in_the_same_bytes_drops_the_connection(aiohttp_server: MakeServer) -> None:
+    two = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\naHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb"
+    async with _raw_server(two, close=False) as url, Http1Client(url) as client:
+        first = await client.request("POST", "/x", b"{}", limit_s=5)
+        assert (first.status, first.body) == (200, b"a")
+        assert client._idle == []  # not reused: the server answered a request nobody sent
+
+
+def test_request_heads_are_well_formed_or_refused() -> None:
+    assert request_head("POST", "/filter", "127.0.0.1:8", "application/json", 12) == (
+        b"POST /filter HTTP/1.1\r\nHost: 127.0.0.1:8\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 12\r\n\r\n"
+    )
+    for method, target, ctype in (
+        ("PO ST", "/", "a/b"),
+        ("", "/", "a/b"),
+        ("GET", "/a b", "a/b"),
+        ("GET", "/\r\nX-Evil: 1", "a/b"),
+        ("GET", "/", "a/b\r\nX: y"),
+    ):
+        with pytest.raises(ValueError, match=r"not an HTTP method|bad request"):
+            request_head(method, target, "h", ctype, 0)
