@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -302,7 +302,12 @@ class IncrementalView:
         self._by_node: dict[str, tuple[Gpu, ...]] = {}
         self._node_problems: dict[str, tuple[str, ...]] = {}
         self._gpus: dict[DeviceKey, Gpu] = {}
+        self._clashing: set[DeviceKey] = set()
+        """Devices with more than one claim."""
         self._dirty: set[str] = set()
+        """Nodes to rebuild: a holder of one of their devices changed, or the GPUNode."""
+        self._node_changed: set[str] = set()
+        """Dirty nodes whose GPUNode changed (the others keep every device but the holders)."""
         self._view: ClusterView | None = None
 
     def set_node(self, name: str, node: GPUNode | None) -> None:
@@ -315,6 +320,7 @@ class IncrementalView:
         else:
             self._nodes[name] = node
         self._dirty.add(name)
+        self._node_changed.add(name)
         self._view = None
 
     def set_pod(self, key: str, holder: Holder | None, *, problem: str | None = None) -> None:
@@ -330,6 +336,8 @@ class IncrementalView:
                 claims.remove(old[0].key)
                 if not claims:
                     del self._claims[device]
+                if len(claims) < 2:
+                    self._clashing.discard(device)
                 self._dirty.add(device.node)
         self._problems.pop(key, None)
         if holder is None and problem is None:
@@ -341,7 +349,10 @@ class IncrementalView:
         if holder is not None:
             self._holders[holder.key] = holder
             for device in holder.devices:
-                insort(self._claims.setdefault(device, []), holder.key)
+                claims = self._claims.setdefault(device, [])
+                insort(claims, holder.key)
+                if len(claims) > 1:
+                    self._clashing.add(device)
                 self._dirty.add(device.node)
         self._view = None
 
@@ -356,6 +367,13 @@ class IncrementalView:
             return holders[claims[0]] if claims else None
 
         for name in self._dirty:
+            old = self._by_node.get(name)
+            if old is not None and name not in self._node_changed:
+                # Only holders changed: keep every other device as it was.
+                gpus = tuple(g if g.holder is (h := holder_of(g.key)) else replace(g, holder=h) for g in old)
+                self._by_node[name] = gpus
+                self._gpus.update((g.key, g) for g, was in zip(gpus, old, strict=True) if g is not was)
+                continue
             for gpu in self._by_node.pop(name, ()):
                 del self._gpus[gpu.key]
             self._node_problems.pop(name, None)
@@ -368,6 +386,7 @@ class IncrementalView:
             if node_problems:
                 self._node_problems[name] = node_problems
         self._dirty.clear()
+        self._node_changed.clear()
         problems = [self._problems[k] for k in sorted(self._problems)]
         problems.extend(self._clashes())
         for name in sorted(self._node_problems):
@@ -385,7 +404,7 @@ class IncrementalView:
 
     def _clashes(self) -> list[str]:
         """:func:`assemble`'s lines for devices claimed twice, in its order."""
-        clashing = {d for d, claims in self._claims.items() if len(claims) > 1}
+        clashing = self._clashing
         if not clashing:
             return []
         out: list[str] = []
