@@ -323,6 +323,10 @@ class Simulation:
         self.arrival_idx = 0
         self.wall_started = 0.0
         self.wall_s = 0.0
+        self.cpu_started = 0.0
+        self.cpu_s = 0.0
+        """CPU seconds (user + system) of this process while the simulation ran: the hosted
+        extender's share included, as it runs in the same process."""
         self.policy_kind = tide.ScalePolicy()
         self.released: list[DeviceKey] = []
         self.reclaim_status: JsonObj = {}
@@ -1300,6 +1304,7 @@ class Simulation:
 
     async def _run(self) -> None:
         self.wall_started = time.perf_counter()
+        self.cpu_started = time.process_time()
         try:
             await self.setup()
             await self.check_invariants(0.0)
@@ -1340,11 +1345,13 @@ class Simulation:
             raise SimulationError(f"store failed: {exc}") from exc
         finally:
             self.wall_s = time.perf_counter() - self.wall_started
+            self.cpu_s = time.process_time() - self.cpu_started
 
     def timing(self) -> dict[str, Any]:
-        """Wall-clock figures of the run (not part of the reproducible report)."""
+        """Wall-clock and CPU figures of the run (not part of the reproducible report)."""
         return {
             "wall_s": round(self.wall_s, 1),
+            "cpu_s": round(self.cpu_s, 1),
             "settles": self.stats.settles,
             "http": self.client.stats.as_dict(),
         }

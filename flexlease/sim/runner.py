@@ -220,7 +220,7 @@ async def run_all(
     return report, timings
 
 
-NICENESS: Final = {Policy.ROR: 0, Policy.PLAIN: 1, Policy.STATIC: 2}
+NICENESS: Final = {Policy.ROR: 0, Policy.PLAIN: 0, Policy.STATIC: 1}
 """How much each policy's worker yields (``os.nice`` increment) when there are more workers
 than CPUs: right-of-return does the most work per simulated day (the lease controller's
 reclaims), no scaling the least (64 nodes × 60 days, Philly: about 263, 206 and 167 s of CPU),

@@ -68,6 +68,7 @@ async def test_both_policies_run_against_the_real_extender(tmp_path: Path) -> No
     state = json.loads((tmp_path / "out" / "ror" / "state.json").read_text())
     assert {lease["metadata"]["name"] for lease in state["GPULease"]} >= {"lend-0001", "reclaim-0001"}
     assert timing["ror"]["http"]["bind"]["calls"] > 0 and timing["wall_s"] > 0
+    assert 0 < timing["ror"]["cpu_s"] <= 1.5 * timing["ror"]["wall_s"] + 1  # one process: CPU ≈ wall
     failures = report["inputs"]["failure_model"]
     # measured over the 14 days before the horizon (the histories start 15 days before t = 0);
     # 30 days reach back further than the histories: not measured
