@@ -223,9 +223,10 @@ async def run_all(
 NICENESS: Final = {Policy.ROR: 0, Policy.PLAIN: 0, Policy.STATIC: 1}
 """How much each policy's worker yields (``os.nice`` increment) when there are more workers
 than CPUs: right-of-return does the most work per simulated day (the lease controller's
-reclaims), no scaling the least (64 nodes × 60 days, Philly: about 263, 206 and 167 s of CPU),
-so under the kernel's fair share the cheaper ones yield and the policies end about together
-instead of right-of-return running alone at the end. Ordering only: the report is the same."""
+reclaims), no scaling the least (64 nodes × 60 days, Philly, seed 2: 293, 263 and 238 s of CPU,
+``timing.json``'s ``cpu_s``), so under the kernel's fair share the cheapest one yields and the
+policies end closer together instead of right-of-return running alone at the end. Ordering
+only: the report is the same."""
 
 _WORLDS: dict[Scenario, driver.World] = {}
 """A worker process's inputs, built once per scenario (a worker may run several policies)."""
