@@ -24,6 +24,14 @@ client-go ``util/flowcontrol/backoff.go``):
 * **Pod end**: when every container has exited and none is to be restarted, the pod's phase
   becomes ``Succeeded`` (all exit codes 0) or ``Failed`` and the sandbox is stopped.
 * Container GC keeps the newest dead container of each name (``MaxPerPodContainer`` = 1).
+* **Errors stay with their pod** (``pkg/kubelet/pod_workers.go``): a CRI or store error in one
+  pod's sync is recorded and that pod is synced again after the pod worker's ``backOffPeriod``
+  (10 s; kubelet adds up to 50 % jitter), while the other pods go on. A sandbox that cannot be
+  created records ``FailedCreatePodSandBox``; a container that cannot be created or started,
+  ``Failed`` ("Error: …"). An image that cannot be pulled records ``Failed`` ("Failed to pull
+  image …") and enters the image back-off (``pkg/kubelet/images``: per pod and image, 10 s
+  doubling to 300 s, the same ``flowcontrol.Backoff``); a sync within it pulls nothing and
+  records ``BackOff`` ("Back-off pulling image …", the pod's ``ImagePullBackOff``).
 
 Where it differs: it polls (:meth:`StandInKubelet.sync_once`, or :meth:`run` every
 ``period_seconds``) instead of reacting to PLEG; an exit's time is when it first saw the
@@ -63,6 +71,10 @@ BACKOFF_INITIAL_SECONDS: Final = 10.0
 """kubelet's ``backOffPeriod`` (pkg/kubelet/kubelet.go)."""
 BACKOFF_MAX_SECONDS: Final = 300.0
 """kubelet's ``MaxContainerBackOff``."""
+SYNC_BACKOFF_SECONDS: Final = 10.0
+"""How long a pod whose sync failed waits before the next one: the pod worker's
+``backOffPeriod`` (kubelet waits 10–15 s, ``workerBackOffPeriodJitterFactor`` 0.5; the stand-in
+the lower bound, so tests can step its clock)."""
 DEFAULT_GRACE_SECONDS: Final = 30
 """The API server's default ``terminationGracePeriodSeconds``."""
 
@@ -102,6 +114,14 @@ class Backoff:
             return False
         return self._clock() - event_time < entry[0]
 
+    def is_in_backoff_since_update(self, key: str, event_time: float) -> bool:
+        """``IsInBackOffSinceUpdate``: an entry exists, is not expired at ``event_time``, and
+        ``event_time`` is less than its back-off after the entry's last update."""
+        entry = self._entries.get(key)
+        if entry is None or self._expired(event_time, entry[1]):
+            return False
+        return event_time - entry[1] < entry[0]
+
     def next(self, key: str, event_time: float) -> None:
         entry = self._entries.get(key)
         if entry is None or self._expired(event_time, entry[1]):
@@ -124,8 +144,9 @@ def hash_container(container: JsonObj) -> str:
 
 @dataclass(frozen=True, slots=True)
 class KubeletEvent:
-    """An Event kubelet would record: ``reason`` (``Pulled``, ``Created``, ``Started``,
-    ``Killing``, ``BackOff``), the container, the message; ``at``: the stand-in's clock."""
+    """An Event kubelet would record: ``reason`` (``Created``, ``Started``, ``Killing``,
+    ``BackOff``, ``Failed``, ``FailedCreatePodSandBox``), the container (``""`` for the
+    sandbox), the message; ``at``: the stand-in's clock."""
 
     pod: str
     reason: str
@@ -171,7 +192,11 @@ class StandInKubelet:
         self.clock = clock
         self.period_seconds = period_seconds
         self.backoff = Backoff(clock=clock)
+        self.image_backoff = Backoff(clock=clock)
         self.events: list[KubeletEvent] = []
+        self.sync_errors = 0
+        """Pod syncs that failed (each retried after :data:`SYNC_BACKOFF_SECONDS`)."""
+        self._retry_at: dict[str, float] = {}
         self.starts = 0
         self._pods: dict[str, _PodState] = {}
 
@@ -194,16 +219,38 @@ class StandInKubelet:
         self._pods.clear()
 
     async def run(self) -> None:
-        """Sync every ``period_seconds`` until cancelled."""
+        """Sync every ``period_seconds`` until cancelled. A pass that cannot list the node's
+        pods is logged and the next period tries again (kubelet keeps running its pods while
+        the API server is away); a pod's own errors stay with that pod (:meth:`sync_once`)."""
         while True:
-            await self.sync_once()
+            try:
+                await self.sync_once()
+            except errors.StoreError as exc:
+                log.warning("listing the node's pods failed", extra={"node": self.node, "error": str(exc)})
             await asyncio.sleep(self.period_seconds)
 
     async def sync_once(self) -> None:
-        """One pass over the node's pods (SyncPod for each)."""
+        """One pass over the node's pods (SyncPod for each, but not for a pod whose last sync
+        failed less than :data:`SYNC_BACKOFF_SECONDS` ago). A pod's CRI or store error is
+        logged and counted (:attr:`sync_errors`) and does not stop the pass. Raises
+        ``StoreError`` when the pods cannot be listed."""
         listed = await self.store.list(Kind.POD, selector=Selector(fields={"spec.nodeName": self.node}))
         for pod in listed.items:
-            await self.sync_pod(pod)
+            meta = pod["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}"
+            if self.clock() < self._retry_at.get(key, float("-inf")):
+                continue
+            try:
+                await self.sync_pod(pod)
+            except (errors.CriError, errors.StoreError) as exc:
+                self.sync_errors += 1
+                self._retry_at[key] = self.clock() + SYNC_BACKOFF_SECONDS
+                log.warning(
+                    "pod sync failed; retrying after the back-off",
+                    extra={"pod": key, "node": self.node, "error": str(exc), "retry_s": SYNC_BACKOFF_SECONDS},
+                )
+            else:
+                self._retry_at.pop(key, None)
 
     async def sync_pod(self, pod: JsonObj) -> None:
         """SyncPod: run the sandbox, kill changed containers, (re)start what should run,
@@ -212,7 +259,11 @@ class StandInKubelet:
         key = f"{meta['namespace']}/{meta['name']}"
         state = self._pods.get(key)
         if state is None:
-            state = await self._run_sandbox(pod)
+            try:
+                state = await self._run_sandbox(pod)
+            except errors.CriError as exc:
+                self._event(key, "FailedCreatePodSandBox", "", f"Failed to create pod sandbox: {exc}")
+                raise
             self._pods[key] = state
         if state.phase != "Running":
             return
@@ -278,11 +329,23 @@ class StandInKubelet:
         sandbox_id = await self.cri.run_pod_sandbox(config)
         return _PodState(sandbox_id, config, ref)
 
-    async def _image_id(self, image: str) -> str:
-        """EnsureImageExists: the image ID, pulling when the image is not on the node."""
+    async def _image_id(self, pod: str, uid: str, container: str, image: str) -> str:
+        """EnsureImageExists: the image ID, pulling when the image is not on the node, unless
+        a pull of it for this pod failed within the image back-off. Raises ``CriError``."""
         info = await self.cri.image_status(image)
         if info is None:
-            await self.cri.pull_image(image)
+            backoff_key = f"{uid}_{image}"
+            now = self.clock()
+            if self.image_backoff.is_in_backoff_since_update(backoff_key, now):
+                message = f'Back-off pulling image "{image}"'
+                self._event(pod, "BackOff", container, message)
+                raise errors.CriError(f"ImagePullBackOff: {message}")
+            try:
+                await self.cri.pull_image(image)
+            except errors.CriError as exc:
+                self.image_backoff.next(backoff_key, now)
+                self._event(pod, "Failed", container, f'Failed to pull image "{image}": {exc}')
+                raise
             info = await self.cri.image_status(image)
             if info is None:
                 raise errors.CriError(f"{image}: pulled but ImageStatus finds nothing")
@@ -293,7 +356,7 @@ class StandInKubelet:
     ) -> str:
         name = container["name"]
         key = f"{state.ref.namespace}/{state.ref.name}"
-        image_id = await self._image_id(container["image"])
+        image_id = await self._image_id(key, state.ref.uid, name, container["image"])
         env = {str(e["name"]): str(e.get("value", "")) for e in container.get("env") or []}
         spec = podspec.ContainerSpec(
             name=name,
@@ -308,9 +371,17 @@ class StandInKubelet:
         config.annotations[ANN_CONTAINER_HASH] = spec_hash
         config.annotations[ANN_CONTAINER_RESTART_COUNT] = str(restart_count)
         config.annotations[ANN_POD_TERMINATION_GRACE_PERIOD] = str(grace)
-        cid = await self.cri.create_container(state.sandbox_id, config, state.sandbox_config)
+        try:
+            cid = await self.cri.create_container(state.sandbox_id, config, state.sandbox_config)
+        except errors.CriError as exc:
+            self._event(key, "Failed", name, f"Error: {exc}")
+            raise
         self._event(key, "Created", name, f"Created container {name}")
-        await self.cri.start_container(cid)
+        try:
+            await self.cri.start_container(cid)
+        except errors.CriError as exc:
+            self._event(key, "Failed", name, f"Error: {exc}")
+            raise
         self._event(key, "Started", name, f"Started container {name} ({image_id}, attempt {restart_count})")
         self.starts += 1
         return cid

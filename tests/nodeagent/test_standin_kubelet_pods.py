@@ -4,6 +4,7 @@ spec-change restarts."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from flexlease.api import keys
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
+from flexlease.tasks import stop
 from nodeagent.cri.client import (
     ANN_CONTAINER_HASH,
     ANN_CONTAINER_RESTART_COUNT,
@@ -178,3 +180,45 @@ async def test_a_spec_change_restarts_whatever_the_policy(
     out = await cri.exec_sync(new.id, ["cat", "/etc/trainer-version"], timeout_seconds=5)
     assert out.stdout.strip() == b"v2"
     assert kubelet.phase("default", "p3") == "Running"
+
+
+async def test_a_pod_that_cannot_run_keeps_its_errors_and_backs_off(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    clock = Clock()
+    missing = f"{containerd_testbed.registry}/flexlease/missing:v0"
+    await _pod(store, "bad", missing)
+    await _pod(store, "good", containerd_testbed.trainer_v1)
+    kubelet = standin_kubelet(store, NODE, clock=clock)
+
+    def bad_events() -> list[tuple[str, str]]:
+        return [(e.reason, e.message) for e in kubelet.events if e.pod == "default/bad"]
+
+    await kubelet.sync_once()  # the bad pod's pull fails; the good pod runs all the same
+    assert len(await _running(cri, kubelet, "good")) == 1
+    assert kubelet.sync_errors == 1
+    [(reason, message)] = bad_events()
+    assert reason == "Failed" and message.startswith(f'Failed to pull image "{missing}": ')
+    clock.now += 9.9  # the pod worker's back-off: not synced again yet
+    await kubelet.sync_once()
+    assert len(bad_events()) == 1 and kubelet.sync_errors == 1
+    clock.now += 0.1  # 10 s: synced again; the image back-off (10 s since the pull) is over
+    await kubelet.sync_once()
+    assert [r for r, _ in bad_events()] == ["Failed", "Failed"] and kubelet.sync_errors == 2
+    clock.now += 10  # synced again, but within the image back-off (now 20 s): no pull
+    await kubelet.sync_once()
+    assert bad_events()[-1] == ("BackOff", f'Back-off pulling image "{missing}"')
+    assert kubelet.sync_errors == 3
+    assert len(await _running(cri, kubelet, "good")) == 1
+
+
+async def test_run_outlives_a_store_that_cannot_list(
+    cri: GrpcCri, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    closed = MemoryStore()
+    await closed.close()
+    kubelet = standin_kubelet(closed, NODE, period_seconds=0.01)
+    task = asyncio.create_task(kubelet.run())
+    await asyncio.sleep(0.1)  # several passes, each failing to list
+    assert not task.done()
+    await stop(task)

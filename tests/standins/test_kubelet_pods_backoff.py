@@ -45,3 +45,17 @@ def test_hash_changes_with_any_spec_change() -> None:
     assert hash_container(c) != hash_container({**c, "image": "r/t@sha256:" + "a" * 64})
     assert hash_container(c) != hash_container({**c, "env": []})
     assert int(hash_container(c), 16) < 2**32
+
+
+def test_image_backoff_counts_from_the_last_failed_pull() -> None:
+    clock = Clock()
+    b = Backoff(clock=clock)
+    assert not b.is_in_backoff_since_update("img", clock.now)  # no failure yet: pull
+    b.next("img", clock.now)  # a pull failed at t: 10 s
+    assert b.is_in_backoff_since_update("img", clock.now + 9.9)
+    assert not b.is_in_backoff_since_update("img", clock.now + 10)
+    clock.now += 10
+    b.next("img", clock.now)  # failed again: 20 s from now
+    assert b.is_in_backoff_since_update("img", clock.now + 19.9)
+    assert not b.is_in_backoff_since_update("img", clock.now + 20)
+    assert not b.is_in_backoff_since_update("img", clock.now + 601)  # expired: starts over
