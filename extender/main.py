@@ -102,6 +102,7 @@ async def serve(
     """
     ext = settings.extender
     ssl_context = tls.server_context(ext)  # before anything starts: refuse early
+    reloader = tls.CertificateReloader(ssl_context, ext) if ssl_context is not None else None
     app = create_app(
         settings, store, registry=registry, extra_contexts=extra_contexts, leader=leader, inventory=inventory
     )
@@ -121,7 +122,11 @@ async def serve(
         log.info("extender listening", extra=ctx(urls=urls, mutual_tls=ext.tls_client_ca_file is not None))
         if on_listening is not None:
             on_listening(urls)
-        await stop.wait()
+        if reloader is None:
+            await stop.wait()
+        else:  # renewed certificates reach new connections without a restart
+            async with tasks.running(reloader.run(ext.tls_reload_seconds), name="tls-reloader"):
+                await stop.wait()
         log.info("extender stopping")
     finally:
         if probe_runner is not None:

@@ -74,6 +74,10 @@ class ExtenderSettings(_Group):
     tls_client_names: tuple[str, ...] = ()
     """Client certificate names (subject CN or a DNS/URI SAN) allowed to call; empty = any
     certificate the CA signed. Needs ``tls_client_ca_file``."""
+    tls_reload_seconds: float = Field(default=60.0, gt=0)
+    """How often the extender looks whether ``tls_cert_file``, ``tls_key_file`` or
+    ``tls_client_ca_file`` changed (cert-manager renewing the Secret, kubelet updating the
+    mounted volume) and loads them for new connections, without a restart."""
     scheduler_names: tuple[str, ...] = Field(default=(keys.DEFAULT_SCHEDULER_NAME,), min_length=1)
     """kube-scheduler profiles (``spec.schedulerName``) whose pods flexlease places and binds;
     ``/bind`` refuses other pods, filter/prioritize/preempt pass them untouched."""

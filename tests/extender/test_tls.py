@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
+from cryptography import x509
 
 from extender import main as extmain
 from extender import tls
@@ -231,3 +232,64 @@ def test_client_names_reads_cn_and_dns_and_uri_sans() -> None:
     assert tls.client_names(cert) == ("flexlease-scheduler", "sched.flexlease-system.svc", "spiffe://c/s")
     assert tls.client_names(None) == ()
     assert keys.DEFAULT_SCHEDULER_NAME == "flexlease-scheduler"
+
+
+async def served_serial(url: str, context: ssl.SSLContext) -> int:
+    """The serial number of the certificate a new TLS connection to ``url`` is served."""
+    parts = urlsplit(url)
+    _, writer = await asyncio.open_connection(parts.hostname, parts.port, ssl=context)
+    try:
+        peer = writer.get_extra_info("ssl_object").getpeercert()
+        return int(peer["serialNumber"], 16)
+    finally:
+        writer.close()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await writer.wait_closed()
+
+
+def serial_of(issued: Issued) -> int:
+    return x509.load_pem_x509_certificate(issued.cert.read_bytes()).serial_number
+
+
+async def test_a_renewed_certificate_reaches_new_connections_and_a_broken_one_never_does(
+    pki: Pki, store: MemoryStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = pki.client(pki.scheduler)
+    first = serial_of(pki.server)
+    async with serving(pki.settings(tls_reload_seconds=0.05), store) as url:
+        assert await served_serial(url, scheduler) == first
+        renewed = pki.ca.issue("renewed", common_name="flexlease-extender", ips=("127.0.0.1",), server=True)
+        # written in place, key first: for a moment the old certificate sits with the new key
+        pki.server.key.write_bytes(renewed.key.read_bytes())
+        pki.server.cert.write_bytes(renewed.cert.read_bytes())
+        for _ in range(100):
+            if await served_serial(url, scheduler) == serial_of(renewed):
+                break
+            await asyncio.sleep(0.05)
+        assert await served_serial(url, scheduler) == serial_of(renewed)
+        # a certificate whose key does not match: logged, the renewed one stays
+        with caplog.at_level(logging.ERROR, logger="extender.tls"):
+            pki.server.cert.write_bytes(pki.intruder.cert.read_bytes())
+            for _ in range(100):
+                if any("do not load" in r.getMessage() for r in caplog.records):
+                    break
+                await asyncio.sleep(0.05)
+        assert any("do not load" in r.getMessage() for r in caplog.records)
+        assert await served_serial(url, scheduler) == serial_of(renewed)
+
+
+def test_the_reloader_loads_only_what_changed_and_loads(pki: Pki) -> None:
+    settings = pki.settings().extender
+    context = tls.server_context(settings)
+    assert context is not None
+    reloader = tls.CertificateReloader(context, settings)
+    assert not reloader.reload_if_changed()  # nothing changed since the first load
+    pki.server.cert.write_bytes(b"-----BEGIN CERTIFICATE-----\nnot base64\n")
+    assert not reloader.reload_if_changed() and reloader.reloads == 0
+    assert not reloader.reload_if_changed()  # the same broken files are not tried again
+    renewed = pki.ca.issue("renewed", common_name="flexlease-extender", server=True)
+    pki.server.cert.write_bytes(renewed.cert.read_bytes())
+    pki.server.key.write_bytes(renewed.key.read_bytes())
+    assert reloader.reload_if_changed() and reloader.reloads == 1
+    pki.ca.ca_file.unlink()  # a vanished CA file: an error, not a crash
+    assert not reloader.reload_if_changed() and reloader.reloads == 1
