@@ -101,8 +101,9 @@ async def serve(
     files do not load.
     """
     ext = settings.extender
+    digests = tls.file_digests(ext)  # before the load: a change in between is seen later
     ssl_context = tls.server_context(ext)  # before anything starts: refuse early
-    reloader = tls.CertificateReloader(ssl_context, ext) if ssl_context is not None else None
+    reloader = tls.CertificateReloader(ssl_context, ext, loaded=digests) if ssl_context is not None else None
     app = create_app(
         settings, store, registry=registry, extra_contexts=extra_contexts, leader=leader, inventory=inventory
     )

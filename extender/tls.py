@@ -15,9 +15,9 @@ the listener's ``ssl.SSLContext`` from :class:`flexlease.config.ExtenderSettings
 * none of these and ``insecure_http`` false: :class:`InsecureListener` — the extender does
   not start on plain HTTP unless told so explicitly;
 * rotation: :class:`CertificateReloader` looks every ``tls_reload_seconds`` whether the PEM
-  files changed and loads them into the listening context, so new connections get the renewed
-  certificate without a restart (established ones keep theirs). A pair that does not load
-  (half written, key and certificate not matching) is logged and the last good one stays.
+  files' contents changed and builds a fresh context from them, which new connections get
+  without a restart (established ones keep theirs). Files that do not load (half written, key
+  and certificate not matching) are logged and the last good context stays.
 
 Neighbours: :mod:`extender.main` serves with the context; :mod:`extender.admission` names
 callers with :func:`caller_identity`. Pure apart from reading the PEM files.
@@ -26,11 +26,9 @@ callers with :func:`caller_identity`. Pure apart from reading the PEM files.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-import os
 import ssl
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -109,78 +107,82 @@ def caller_identity(request: web.Request) -> str:
     return f"CN={names[0]} from {peer}" if names else peer
 
 
-FileStamp = tuple[int, int, int] | None
-"""A PEM file's (inode, size, mtime in ns) as ``os.stat`` reads it through symlinks (a
-Secret volume swaps its ``..data`` link); None when it cannot be read."""
+Digests = tuple[bytes | None, ...]
+"""SHA-256 of each TLS file's contents (certificate, key, client CA); None for a file that is
+not configured or cannot be read."""
 
 
-def _stamp(path: Path | None) -> FileStamp:
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+def file_digests(ext: ExtenderSettings) -> Digests:
+    """The contents' digests of ``ext``'s certificate, key and client CA files. Take them
+    *before* :func:`server_context` loads the files, so that a change in between is seen."""
+    out: list[bytes | None] = []
+    for path in (ext.tls_cert_file, ext.tls_key_file, ext.tls_client_ca_file):
+        try:
+            out.append(hashlib.sha256(path.read_bytes()).digest() if path is not None else None)
+        except OSError:
+            out.append(None)
+    return tuple(out)
 
 
 class CertificateReloader:
-    """Keeps the listening ``context`` (from :func:`server_context`) on the PEM files of
-    ``ext``: :meth:`reload_if_changed` loads them again when any of them changed since the
-    last load, for the connections accepted afterwards.
+    """Serves new connections from the newest good context built from ``ext``'s PEM files.
 
-    The files are read once into a private temporary directory, checked by loading them into
-    a scratch context, and only then loaded into ``context``, so a certificate without its
-    key, half-written files or a pair that does not match never reach the listener (OpenSSL
-    would otherwise replace the certificate before it finds the key does not match). A
-    rotated client CA is *added* to the trusted ones (``load_verify_locations`` cannot
-    remove): the old CA stays trusted until the extender restarts, as a CA rollover needs.
-    Stamps that failed to load are not tried again until the files change once more."""
+    ``context`` is the listening context (:func:`server_context`); ``loaded``: the
+    :func:`file_digests` taken before it was built. The reloader sets its ``sni_callback``,
+    which runs in every handshake (with or without SNI) and switches the connection to the
+    current context. :meth:`reload_if_changed` builds a *fresh* context with
+    :func:`server_context` when the files' contents changed, so a renewed certificate of
+    another key type, a rotated client CA (the old one no longer trusted) and a changed
+    chain all take effect; established connections keep theirs. Files that do not load (half
+    written, a key that does not match) leave the current context in place, and the same
+    contents are not tried again. Nothing is written to disk. A Secret mounted with
+    ``subPath`` never changes in the pod: mount the whole Secret."""
 
-    def __init__(self, context: ssl.SSLContext, ext: ExtenderSettings) -> None:
-        self._context = context
-        self._files = (ext.tls_cert_file, ext.tls_key_file, ext.tls_client_ca_file)
-        self._loaded = self._stamps()
-        self._failed: tuple[FileStamp, ...] | None = None
+    def __init__(self, context: ssl.SSLContext, ext: ExtenderSettings, *, loaded: Digests) -> None:
+        self._ext = ext
+        self._current = context
+        self._loaded = loaded
+        self._failed: Digests | None = None
         self.reloads = 0
         """Successful reloads so far."""
+        context.sni_callback = self._select
 
-    def _stamps(self) -> tuple[FileStamp, ...]:
-        return tuple(_stamp(p) for p in self._files)
+    @property
+    def current(self) -> ssl.SSLContext:
+        """The context new connections get."""
+        return self._current
+
+    def _select(self, connection: ssl.SSLObject, server_name: str | None, context: ssl.SSLContext) -> None:
+        if context is not self._current:
+            connection.context = self._current
 
     def reload_if_changed(self) -> bool:
-        """Load the files again if they changed since the last load (or failed load).
-        Returns True when the context now holds new ones. Never raises for bad files: the
-        error is logged and the context keeps what it had."""
-        stamps = self._stamps()
-        if stamps in (self._loaded, self._failed):
+        """Build a fresh context if the files' contents changed since the last load (or
+        failed load). Returns True when new connections now get it. Never raises for bad
+        files: the error is logged and the current context stays."""
+        digests = file_digests(self._ext)
+        if digests in (self._loaded, self._failed):
             return False
-        cert, key, ca = self._files
-        assert cert is not None and key is not None
+        ext = self._ext
         try:
-            with tempfile.TemporaryDirectory(prefix="flexlease-tls-") as tmp:
-                cert_copy, key_copy = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
-                cert_copy.write_bytes(cert.read_bytes())
-                key_copy.write_bytes(key.read_bytes())
-                ca_pem = ca.read_text() if ca is not None else None
-                scratch = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-                scratch.load_cert_chain(cert_copy, key_copy)
-                if ca_pem is not None:
-                    scratch.load_verify_locations(cadata=ca_pem)
-                self._context.load_cert_chain(cert_copy, key_copy)
-                if ca_pem is not None:
-                    self._context.load_verify_locations(cadata=ca_pem)
-        except (OSError, ssl.SSLError, ValueError) as exc:
-            self._failed = stamps
+            fresh = server_context(ext)
+        except (OSError, ssl.SSLError, ValueError, InsecureListener) as exc:
+            self._failed = digests
             log.error(
                 "TLS files changed but do not load; still serving the previous certificate",
-                extra=ctx(cert=str(cert), key=str(key), client_ca=str(ca) if ca else None, error=str(exc)),
+                extra=ctx(cert=str(ext.tls_cert_file), client_ca=str(ext.tls_client_ca_file), error=str(exc)),
             )
             return False
-        self._loaded = stamps
+        if fresh is None:  # not reachable with a certificate configured
+            return False
+        self._current = fresh
+        self._loaded = digests
         self._failed = None
         self.reloads += 1
-        log.info("reloaded the TLS certificate", extra=ctx(cert=str(cert), client_ca=str(ca) if ca else None))
+        log.info(
+            "reloaded the TLS certificate",
+            extra=ctx(cert=str(ext.tls_cert_file), client_ca=str(ext.tls_client_ca_file)),
+        )
         return True
 
     async def run(self, period_seconds: float) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
@@ -67,9 +67,11 @@ class Authority:
         dns: tuple[str, ...] = (),
         ips: tuple[str, ...] = (),
         server: bool = False,
+        key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | None = None,
     ) -> Issued:
-        """A leaf certificate for ``common_name`` (server or client auth) signed by this CA."""
-        key = ec.generate_private_key(ec.SECP256R1())
+        """A leaf certificate for ``common_name`` (server or client auth) signed by this CA,
+        for ``key`` (default: a new P-256 key)."""
+        key = key if key is not None else ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         builder = (
             x509.CertificateBuilder()

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from extender import main as extmain
 from extender import tls
@@ -41,12 +42,8 @@ class Pki:
         self.foreign = Authority(directory, "other-ca").issue("foreign", common_name="flexlease-scheduler")
 
     def settings(self, **extender: Any) -> Any:
-        return make_settings(
-            tls_cert_file=self.server.cert,
-            tls_key_file=self.server.key,
-            tls_client_ca_file=self.ca.ca_file,
-            **extender,
-        )
+        extender.setdefault("tls_client_ca_file", self.ca.ca_file)
+        return make_settings(tls_cert_file=self.server.cert, tls_key_file=self.server.key, **extender)
 
     def client(self, issued: Issued | None, *, max_tls12: bool = False) -> ssl.SSLContext:
         """A client context trusting our CA, presenting ``issued`` (None: no certificate)."""
@@ -280,16 +277,53 @@ async def test_a_renewed_certificate_reaches_new_connections_and_a_broken_one_ne
 
 def test_the_reloader_loads_only_what_changed_and_loads(pki: Pki) -> None:
     settings = pki.settings().extender
+    digests = tls.file_digests(settings)
     context = tls.server_context(settings)
     assert context is not None
-    reloader = tls.CertificateReloader(context, settings)
-    assert not reloader.reload_if_changed()  # nothing changed since the first load
+    reloader = tls.CertificateReloader(context, settings, loaded=digests)
+    assert not reloader.reload_if_changed() and reloader.current is context  # nothing changed
     pki.server.cert.write_bytes(b"-----BEGIN CERTIFICATE-----\nnot base64\n")
     assert not reloader.reload_if_changed() and reloader.reloads == 0
     assert not reloader.reload_if_changed()  # the same broken files are not tried again
     renewed = pki.ca.issue("renewed", common_name="flexlease-extender", server=True)
     pki.server.cert.write_bytes(renewed.cert.read_bytes())
     pki.server.key.write_bytes(renewed.key.read_bytes())
-    assert reloader.reload_if_changed() and reloader.reloads == 1
+    assert reloader.reload_if_changed() and reloader.reloads == 1 and reloader.current is not context
     pki.ca.ca_file.unlink()  # a vanished CA file: an error, not a crash
     assert not reloader.reload_if_changed() and reloader.reloads == 1
+
+
+async def test_a_rotated_client_ca_replaces_the_old_one(pki: Pki, store: MemoryStore) -> None:
+    other = Authority(pki.ca.directory, "next-ca")
+    next_scheduler = other.issue("next-scheduler", common_name="flexlease-scheduler")
+    client_ca = pki.ca.directory / "client-ca.crt"  # the extender's copy; clients keep trusting pki.ca
+    client_ca.write_bytes(pki.ca.ca_file.read_bytes())
+    async with serving(pki.settings(tls_reload_seconds=0.05, tls_client_ca_file=client_ca), store) as url:
+        await handshake(url, pki.client(pki.scheduler))
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            await handshake(url, pki.client(next_scheduler))
+        client_ca.write_bytes(other.ca_file.read_bytes())  # the client CA rotated
+        for _ in range(100):
+            with contextlib.suppress(ssl.SSLError, ConnectionError):
+                await handshake(url, pki.client(next_scheduler))
+                break
+            await asyncio.sleep(0.05)
+        await handshake(url, pki.client(next_scheduler))
+        with pytest.raises((ssl.SSLError, ConnectionError)):  # the old CA is no longer trusted
+            await handshake(url, pki.client(pki.scheduler, max_tls12=True))
+
+
+async def test_a_certificate_of_another_key_type_replaces_the_old_one(pki: Pki, store: MemoryStore) -> None:
+    rsa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    async with serving(pki.settings(tls_reload_seconds=0.05), store) as url:
+        first = await served_serial(url, pki.client(pki.scheduler))
+        renewed = pki.ca.issue(
+            "renewed-rsa", common_name="flexlease-extender", ips=("127.0.0.1",), server=True, key=rsa_key
+        )
+        pki.server.cert.write_bytes(renewed.cert.read_bytes())
+        pki.server.key.write_bytes(renewed.key.read_bytes())
+        for _ in range(100):
+            if await served_serial(url, pki.client(pki.scheduler)) != first:
+                break
+            await asyncio.sleep(0.05)
+        assert await served_serial(url, pki.client(pki.scheduler)) == serial_of(renewed)
