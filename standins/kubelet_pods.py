@@ -26,7 +26,8 @@ client-go ``util/flowcontrol/backoff.go``):
 * Container GC keeps the newest dead container of each name (``MaxPerPodContainer`` = 1).
 * **Errors stay with their pod** (``pkg/kubelet/pod_workers.go``): a CRI or store error in one
   pod's sync is recorded and that pod is synced again after the pod worker's ``backOffPeriod``
-  (10 s; kubelet adds up to 50 % jitter), while the other pods go on. A sandbox that cannot be
+  (10 s; kubelet adds up to 50 % jitter), or at once when the pod changes, while the other
+  pods go on. A sandbox that cannot be
   created records ``FailedCreatePodSandBox``; a container that cannot be created or started,
   ``Failed`` ("Error: …"). An image that cannot be pulled records ``Failed`` ("Failed to pull
   image …") and enters the image back-off (``pkg/kubelet/images``: per pod and image, 10 s
@@ -196,7 +197,8 @@ class StandInKubelet:
         self.events: list[KubeletEvent] = []
         self.sync_errors = 0
         """Pod syncs that failed (each retried after :data:`SYNC_BACKOFF_SECONDS`)."""
-        self._retry_at: dict[str, float] = {}
+        self._retry_at: dict[str, tuple[str, float]] = {}
+        """Pod uid → (the resourceVersion whose sync failed, when to sync it again)."""
         self.starts = 0
         self._pods: dict[str, _PodState] = {}
 
@@ -235,22 +237,27 @@ class StandInKubelet:
         logged and counted (:attr:`sync_errors`) and does not stop the pass. Raises
         ``StoreError`` when the pods cannot be listed."""
         listed = await self.store.list(Kind.POD, selector=Selector(fields={"spec.nodeName": self.node}))
+        uids = {str(p["metadata"].get("uid") or "") for p in listed.items}
+        for gone in set(self._retry_at) - uids:
+            del self._retry_at[gone]
         for pod in listed.items:
             meta = pod["metadata"]
             key = f"{meta['namespace']}/{meta['name']}"
-            if self.clock() < self._retry_at.get(key, float("-inf")):
-                continue
+            uid, version = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+            failed = self._retry_at.get(uid)
+            if failed is not None and failed[0] == version and self.clock() < failed[1]:
+                continue  # in back-off; an update of the pod is synced at once, as kubelet does
             try:
                 await self.sync_pod(pod)
             except (errors.CriError, errors.StoreError) as exc:
                 self.sync_errors += 1
-                self._retry_at[key] = self.clock() + SYNC_BACKOFF_SECONDS
+                self._retry_at[uid] = (version, self.clock() + SYNC_BACKOFF_SECONDS)
                 log.warning(
                     "pod sync failed; retrying after the back-off",
                     extra={"pod": key, "node": self.node, "error": str(exc), "retry_s": SYNC_BACKOFF_SECONDS},
                 )
             else:
-                self._retry_at.pop(key, None)
+                self._retry_at.pop(uid, None)
 
     async def sync_pod(self, pod: JsonObj) -> None:
         """SyncPod: run the sandbox, kill changed containers, (re)start what should run,
@@ -272,46 +279,54 @@ class StandInKubelet:
         grace = int(spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS))
         found = await self.cri.list_containers(sandbox_id=state.sandbox_id)
         done: list[ContainerInfo] = []
+        failures: list[str] = []
         for container in spec.get("containers") or []:
             name = container["name"]
-            mine = sorted((c for c in found if c.name == name), key=lambda c: c.created_at_ns, reverse=True)
-            for c in mine:
-                if c.state is ContainerState.EXITED:
-                    state.exits.setdefault(c.id, self.clock())
-            await self._gc(mine)
-            latest = mine[0] if mine else None
-            wanted = hash_container(container)
-            if latest is not None and latest.state is ContainerState.RUNNING:
-                if latest.annotations.get(ANN_CONTAINER_HASH) != wanted:
-                    self._event(
-                        key, "Killing", name, f"Container {name} definition changed, will be restarted"
-                    )
-                    await self.cri.stop_container(latest.id, timeout_seconds=grace)
-                    state.exits[latest.id] = self.clock()
-                    await self._start(pod, state, container, wanted, restart_count=latest.attempt + 1)
-                continue
-            if latest is None:
-                await self._start(pod, state, container, wanted, restart_count=0)
-                continue
-            if latest.state is ContainerState.EXITED:
-                latest = await self.cri.container_status(latest.id)  # exit code
-                if not _should_restart(policy, latest):
-                    done.append(latest)
+            try:
+                mine = sorted(
+                    (c for c in found if c.name == name), key=lambda c: c.created_at_ns, reverse=True
+                )
+                for c in mine:
+                    if c.state is ContainerState.EXITED:
+                        state.exits.setdefault(c.id, self.clock())
+                await self._gc(mine)
+                latest = mine[0] if mine else None
+                wanted = hash_container(container)
+                if latest is not None and latest.state is ContainerState.RUNNING:
+                    if latest.annotations.get(ANN_CONTAINER_HASH) != wanted:
+                        self._event(
+                            key, "Killing", name, f"Container {name} definition changed, will be restarted"
+                        )
+                        await self.cri.stop_container(latest.id, timeout_seconds=grace)
+                        state.exits[latest.id] = self.clock()
+                        await self._start(pod, state, container, wanted, restart_count=latest.attempt + 1)
                     continue
-                backoff_key = f"{meta['name']}_{meta['namespace']}_{meta['uid']}_{name}_{wanted}"
-                exited_at = state.exits.get(latest.id, self.clock())
-                if self.backoff.is_in_backoff_since(backoff_key, exited_at):
-                    self._event(
-                        key,
-                        "BackOff",
-                        name,
-                        f"back-off {self.backoff.get(backoff_key):g}s restarting failed container={name} "
-                        f"pod={meta['name']}_{meta['namespace']}({meta['uid']})",
-                    )
+                if latest is None:
+                    await self._start(pod, state, container, wanted, restart_count=0)
                     continue
-                self.backoff.next(backoff_key, exited_at)
-            # Created or Unknown (someone else's replacement not started yet) or a restart.
-            await self._start(pod, state, container, wanted, restart_count=latest.attempt + 1)
+                if latest.state is ContainerState.EXITED:
+                    latest = await self.cri.container_status(latest.id)  # exit code
+                    if not _should_restart(policy, latest):
+                        done.append(latest)
+                        continue
+                    backoff_key = f"{meta['name']}_{meta['namespace']}_{meta['uid']}_{name}_{wanted}"
+                    exited_at = state.exits.get(latest.id, self.clock())
+                    if self.backoff.is_in_backoff_since(backoff_key, exited_at):
+                        self._event(
+                            key,
+                            "BackOff",
+                            name,
+                            f"back-off {self.backoff.get(backoff_key):g}s restarting failed container={name} "
+                            f"pod={meta['name']}_{meta['namespace']}({meta['uid']})",
+                        )
+                        continue
+                    self.backoff.next(backoff_key, exited_at)
+                # Created or Unknown (someone else's replacement not started yet) or a restart.
+                await self._start(pod, state, container, wanted, restart_count=latest.attempt + 1)
+            except errors.CriError as exc:  # kubelet starts the other containers all the same
+                failures.append(f"{name}: {exc}")
+        if failures:  # SyncPod's result: every container's error together
+            raise errors.CriError("; ".join(failures))
         containers = spec.get("containers") or []
         if containers and len(done) == len(containers):
             await self._end(pod, state, done)
@@ -398,8 +413,7 @@ class StandInKubelet:
     async def _end(self, pod: JsonObj, state: _PodState, exited: list[ContainerInfo]) -> None:
         meta = pod["metadata"]
         phase = "Succeeded" if all(c.exit_code == 0 for c in exited) else "Failed"
-        state.phase = phase
-        await self.cri.stop_pod_sandbox(state.sandbox_id)
+        await self.cri.stop_pod_sandbox(state.sandbox_id)  # idempotent: a retry stops it again
         await self.store.patch(
             Kind.POD,
             meta["name"],
@@ -407,6 +421,7 @@ class StandInKubelet:
             namespace=meta["namespace"],
             subresource="status",
         )
+        state.phase = phase  # only once recorded: a failed stop or patch is retried
         log.info("pod ended", extra={"pod": f"{meta['namespace']}/{meta['name']}", "phase": phase})
 
     def _event(self, pod: str, reason: str, container: str, message: str) -> None:

@@ -1240,11 +1240,12 @@ class Simulation:
         job = sum(len(p.devices) for p in self._job_pods())
         if job > self.s.job_gpus:
             inv.violated("job_above_peak", f"t={t:g}: the job holds {job} GPUs, peak {self.s.job_gpus}")
+        if full:  # the pools and the pods below as of one instant
+            await self.caught_up()
         self.pools = dict(self._watched_pools)
         standby_nodes = {n for n, pool in self.pools.items() if pool is Pool.STANDBY}
         holdings: list[tuple[str | SimPod, bool, tuple[DeviceKey, ...]]] = []
         if full:  # every live pod in the store, by its assigned-gpus annotation
-            await self.caught_up()
             for obj in self._listed_pods.items():
                 meta = obj["metadata"]
                 raw = (meta.get("annotations") or {}).get(keys.ANN_ASSIGNED_GPUS)

@@ -9,8 +9,9 @@ merging), so this client sends only what those calls need — a request line and
 response (RFC 9112: framing by length, chunked or until close, keep-alive, malformed
 responses) to ``httptools``, MagicStack's binding of llhttp, the HTTP parser of Node.js (the
 pure-Python ``h11`` it replaced cost ≈ 9 % of a simulation's CPU). A connection the server
-closed while idle is replaced before the next request, as Go's ``net/http`` does. No
-redirects, TLS, proxies.
+closed while idle is replaced before the next request, and a replayable request whose kept-alive
+connection closed before any answer is sent once more (:data:`REPLAYABLE_METHODS`), as Go's
+``net/http`` does. No redirects, TLS, proxies.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ import httptools
 
 from flexlease.errors import FlexleaseError
 
+REPLAYABLE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+"""Requests sent once more when a kept-alive connection closed before any byte of the answer
+(Go's ``net/http``: ``Request.isReplayable``). A POST is not: the server may have acted on it
+(a ``/bind``), so its caller gets :class:`HttpError`, as kube-scheduler's extender client does."""
 MAX_HEAD_BYTES: Final = 64 * 1024
 """A response head (status line and headers) longer than this is refused."""
 _TOKEN_CHARS: Final = frozenset(
@@ -84,6 +89,7 @@ class _Connection(asyncio.Protocol):
         self._extra = False
         self._status = 0
         self._keep_alive = False
+        self._header_bytes = 0
         self.silent = True
         """No byte of the current request's response has arrived."""
 
@@ -97,16 +103,13 @@ class _Connection(asyncio.Protocol):
             self._fail(HttpError("data from the server without a request"))
             return
         self.silent = False
-        if not self._headers_done:
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES and not self._headers_done:
-                self._fail(HttpError(f"bad response: head longer than {MAX_HEAD_BYTES} bytes"))
-                return
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             if self._complete:  # bytes after the response: it stands, the connection goes
                 self._done(reusable=False)
+            elif self._head_bytes > MAX_HEAD_BYTES:  # on_header's refusal
+                self._fail(HttpError(f"bad response: head longer than {MAX_HEAD_BYTES} bytes"))
             elif isinstance(exc, httptools.HttpParserUpgrade):
                 self._fail(HttpError("bad response: a protocol upgrade was not asked for"))
             else:
@@ -114,6 +117,11 @@ class _Connection(asyncio.Protocol):
             return
         if self._complete:
             self._done(reusable=self._keep_alive and not self._extra)
+            return
+        if not self._headers_done:  # every byte so far belongs to a head still incomplete
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(HttpError(f"bad response: head longer than {MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool | None:
         if self._headers_done and self._by_close and not self._complete:
@@ -134,6 +142,7 @@ class _Connection(asyncio.Protocol):
         if self._complete:
             self._extra = True  # the server sent more than one response
             return
+        self._header_bytes = 0
         self._headers = {}
         self._body = []
         self._headers_done = False
@@ -141,6 +150,10 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._headers_done or self._complete:
             return  # a chunked body's trailer fields, or the head of a response not asked for
+        self._header_bytes += len(name) + len(value) + 4  # "name: value\r\n"
+        if self._header_bytes > MAX_HEAD_BYTES:
+            self._head_bytes = self._header_bytes
+            raise ValueError("head too long")  # httptools stops parsing and raises
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
@@ -148,18 +161,28 @@ class _Connection(asyncio.Protocol):
             return
         self._status = self._parser.get_status_code()
         self._headers_done = True
-        self._by_close = "content-length" not in self._headers and "chunked" not in self._headers.get(
-            "transfer-encoding", ""
-        )
+        # RFC 9112 §6.3: with Transfer-Encoding, the body is chunked only when chunked is the
+        # last coding (else it ends with the connection); without, Content-Length frames it.
+        codings = self._headers.get("transfer-encoding", "").lower()
+        if codings:
+            self._by_close = codings.rsplit(",", 1)[-1].strip() != "chunked"
+        else:
+            self._by_close = "content-length" not in self._headers
 
     def on_body(self, body: bytes) -> None:
         if not self._complete:
             self._body.append(body)
 
     def on_message_complete(self) -> None:
-        if not self._complete and self._status >= 200:  # an interim (1xx) response precedes the final one
-            self._complete = True
-            self._keep_alive = self._parser.should_keep_alive()
+        if self._complete:
+            return
+        if self._status < 200:  # an interim (1xx) response: the final one follows
+            self._headers_done = False
+            self._by_close = False
+            self._head_bytes = self._header_bytes = 0
+            return
+        self._complete = True
+        self._keep_alive = self._parser.should_keep_alive()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -247,10 +270,10 @@ class Http1Client:
                 try:
                     response = await conn.begin(head, body)
                 except HttpError:
-                    if not (reused and conn.silent):
+                    if not (reused and conn.silent and method in REPLAYABLE_METHODS):
                         raise
-                    # The server closed the kept-alive connection before it answered (Go's
-                    # net/http sends such a request once more, on a new connection).
+                    # The server closed the kept-alive connection before it answered: Go's
+                    # net/http sends a replayable request once more, on a new connection.
                     conn, _ = await self._connection(fresh=True)
                     response = await conn.begin(head, body)
         except BaseException as exc:

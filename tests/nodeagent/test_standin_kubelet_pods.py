@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from flexlease import errors
 from flexlease.api import keys
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
@@ -222,3 +223,59 @@ async def test_run_outlives_a_store_that_cannot_list(
     await asyncio.sleep(0.1)  # several passes, each failing to list
     assert not task.done()
     await stop(task)
+
+
+async def test_a_pod_update_is_synced_at_once_and_each_container_is_tried(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    clock = Clock()
+    missing = f"{containerd_testbed.registry}/flexlease/missing:v0"
+    sidecar = {"name": "sidecar", "image": containerd_testbed.trainer_v1}
+    containers = [{"name": "trainer", "image": missing}, sidecar]
+    await store.create(
+        Kind.POD,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "mixed", "namespace": "default"},
+            "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 3, "containers": containers},
+        },
+    )
+    kubelet = standin_kubelet(store, NODE, clock=clock)
+    await kubelet.sync_once()  # the trainer's pull fails; the sidecar starts all the same
+    sid = kubelet.sandbox_id("default", "mixed")
+    running = {c.name for c in await cri.list_containers(sandbox_id=sid) if c.state is ContainerState.RUNNING}
+    assert running == {"sidecar"} and kubelet.sync_errors == 1
+    fixed = [{**containers[0], "image": containerd_testbed.trainer_v1}, sidecar]
+    await store.patch(Kind.POD, "mixed", {"spec": {"containers": fixed}}, namespace="default")
+    await kubelet.sync_once()  # within the back-off, but the pod changed: synced now
+    running = {c.name for c in await cri.list_containers(sandbox_id=sid) if c.state is ContainerState.RUNNING}
+    assert running == {"trainer", "sidecar"} and kubelet.sync_errors == 1
+
+
+async def test_a_pod_end_that_could_not_be_recorded_is_recorded_later(
+    cri: GrpcCri,
+    store: MemoryStore,
+    containerd_testbed: ContainerdTestbed,
+    standin_kubelet: KubeletFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    await _pod(store, "job", containerd_testbed.trainer_v1, "Never")
+    kubelet = standin_kubelet(store, NODE, clock=clock)
+    await kubelet.sync_once()
+    [c] = await _running(cri, kubelet, "job")
+    await cri.stop_container(c.id, timeout_seconds=3)  # exits 0
+    real_patch = store.patch
+
+    async def unavailable(*args: object, **kwargs: object) -> JsonObj:
+        raise errors.StoreError("the API server is away", status=503)
+
+    monkeypatch.setattr(store, "patch", unavailable)
+    await kubelet.sync_once()
+    assert kubelet.sync_errors == 1 and kubelet.phase("default", "job") == "Running"
+    monkeypatch.setattr(store, "patch", real_patch)
+    clock.now += 10
+    await kubelet.sync_once()
+    assert kubelet.phase("default", "job") == "Succeeded"
+    assert (await store.get(Kind.POD, "job", namespace="default"))["status"]["phase"] == "Succeeded"

@@ -141,6 +141,9 @@ async def _raw_server(reply: bytes, *, close: bool) -> AsyncIterator[str]:
             "Expected LF after chunk data",
         ),
         (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", False, b"ok"),
+        (b"HTTP/1.1 100 Continue\r\n\r\n", True, "connection closed"),  # no final response
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 200000\r\n\r\n" + b"x" * 200_000, False, b"x" * 200_000),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n5\r\nhello\r\n", True, "before the whole"),
         (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", False, "head longer than 65536 bytes"),
         (
             b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
@@ -239,3 +242,43 @@ def test_request_heads_are_well_formed_or_refused() -> None:
     ):
         with pytest.raises(ValueError, match=r"not an HTTP method|bad request"):
             request_head(method, target, "h", ctype, 0)
+
+
+@contextlib.asynccontextmanager
+async def _hanging_up_server() -> AsyncIterator[tuple[str, list[bytes]]]:
+    """Answers the first request on each connection and closes it on the second without a
+    reply (a server that dropped a kept-alive connection just as the next request came)."""
+    seen: list[bytes] = []
+    handlers: set[asyncio.Task[Any]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.add(asyncio.current_task())  # type: ignore[arg-type]
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head.split(b" ", 1)[0])
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            seen.append(head.split(b" ", 1)[0])
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.close()
+        await asyncio.wait_for(asyncio.gather(*handlers, return_exceptions=True), 5)
+
+
+@pytest.mark.parametrize(("method", "retried"), [("GET", True), ("POST", False)])
+async def test_only_a_replayable_request_is_sent_again_after_a_hang_up(method: str, retried: bool) -> None:
+    async with _hanging_up_server() as (url, seen), Http1Client(url) as client:
+        assert (await client.request(method, "/first", limit_s=5)).body == b"ok"
+        if retried:
+            assert (await client.request(method, "/second", limit_s=5)).body == b"ok"
+            assert seen == [method.encode()] * 3  # the second request went twice
+        else:
+            with pytest.raises(HttpError, match="connection closed"):
+                await client.request(method, "/second", limit_s=5)
+            assert seen == [method.encode()] * 2
