@@ -167,6 +167,13 @@ async def reasons(store: Store) -> list[tuple[str, str, str]]:
     ]
 
 
+def current_is(store: Store, name: str, pods: list[str]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return (await rollout_status(store, Kind.STATEFULSET, name)).get("current") == pods
+
+    return check
+
+
 def pending_is(agent: SimAgent, pods: list[str]) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         return [p for _, p, _ in agent.pending] == pods
@@ -183,9 +190,10 @@ async def test_a_4_pod_statefulset_image_edit_rolls_one_pod_at_a_time(store: Sto
         await edit_image(store, "rec", "reg/trainer:v2")
         for expect in ("rec-3", "rec-2", "rec-1", "rec-0"):  # highest ordinal first, one at a time
             await eventually(pending_is(agent, [expect]))
+            # the status patch follows the request the agent already sees
+            await eventually(current_is(store, "rec", [expect]))
             status = await rollout_status(store, Kind.STATEFULSET, "rec")
             assert status["phase"] == "Progressing"
-            assert status["current"] == [expect]
             assert set(await requested(store)) == {f"rec-{i}" for i in range(3, int(expect[-1]) - 1, -1)}
             await asyncio.sleep(0.05)
             assert len(agent.pending) == 1, "a second pod was restarted while one was unavailable"
