@@ -223,7 +223,7 @@ async def run_all(
 NICENESS: Final = {Policy.ROR: 0, Policy.PLAIN: 0, Policy.STATIC: 1}
 """How much each policy's worker yields (``os.nice`` increment) when there are more workers
 than CPUs: right-of-return does the most work per simulated day (the lease controller's
-reclaims), no scaling the least (64 nodes × 60 days, Philly, seed 2: 293, 263 and 238 s of CPU,
+reclaims), no scaling the least (64 nodes × 60 days, Philly, seed 2: 224, 194 and 187 s of CPU,
 ``timing.json``'s ``cpu_s``), so under the kernel's fair share the cheapest one yields and the
 policies end closer together instead of right-of-return running alone at the end. Ordering
 only: the report is the same."""
