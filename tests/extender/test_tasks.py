@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import pytest
 
 from extender import tasks
+from tests.flexlease.test_tasks import slow_to_stop
 
 
 async def test_a_task_that_dies_is_reported_at_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -38,19 +38,9 @@ async def test_a_cancel_of_the_owner_while_the_task_stops_propagates() -> None:
     cancelled, release = asyncio.Event(), asyncio.Event()
     went_on = False
 
-    async def slow_to_stop() -> None:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            while not release.is_set():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await release.wait()
-            raise
-
     async def owner() -> None:
         nonlocal went_on
-        async with tasks.running(slow_to_stop(), name="watch"):
+        async with tasks.running(slow_to_stop(cancelled, release), name="watch"):
             await asyncio.sleep(0)
         went_on = True
 

@@ -14,9 +14,7 @@ async def _forever(started: asyncio.Event) -> None:
     await asyncio.Event().wait()
 
 
-async def _slow_to_stop(
-    cancelled: asyncio.Event, release: asyncio.Event, *, error: str | None = None
-) -> None:
+async def slow_to_stop(cancelled: asyncio.Event, release: asyncio.Event, *, error: str | None = None) -> None:
     """Runs until cancelled, then holds on until ``release`` is set (a clean-up that takes
     a while and sees through further cancels) and ends cancelled, or with RuntimeError(error)."""
     try:
@@ -46,7 +44,7 @@ async def test_a_cancel_of_the_caller_while_it_stops_a_task_propagates() -> None
     # The old pattern (`task.cancel(); with suppress(CancelledError): await task`) fails this:
     # the caller's CancelledError comes out of `await task`, is swallowed, and `went_on` is set.
     cancelled, release = asyncio.Event(), asyncio.Event()
-    worker = asyncio.create_task(_slow_to_stop(cancelled, release), name="worker")
+    worker = asyncio.create_task(slow_to_stop(cancelled, release), name="worker")
     went_on = False
 
     async def owner() -> None:
@@ -110,7 +108,7 @@ async def test_the_error_a_task_died_with_is_raised() -> None:
 async def test_an_error_raised_on_the_cancel_is_raised() -> None:
     cancelled, release = asyncio.Event(), asyncio.Event()
     release.set()
-    task = asyncio.create_task(_slow_to_stop(cancelled, release, error="clean-up failed"), name="w")
+    task = asyncio.create_task(slow_to_stop(cancelled, release, error="clean-up failed"), name="w")
     await asyncio.sleep(0)
 
     with pytest.raises(RuntimeError, match="clean-up failed"):
@@ -144,8 +142,8 @@ async def test_every_task_is_stopped_the_first_error_raised_the_others_logged(
     release.set()
     started = asyncio.Event()
     quiet = asyncio.create_task(_forever(started), name="quiet")
-    first = asyncio.create_task(_slow_to_stop(cancelled, release, error="first"), name="first")
-    second = asyncio.create_task(_slow_to_stop(cancelled, release, error="second"), name="second")
+    first = asyncio.create_task(slow_to_stop(cancelled, release, error="first"), name="first")
+    second = asyncio.create_task(slow_to_stop(cancelled, release, error="second"), name="second")
     await started.wait()
 
     with pytest.raises(RuntimeError, match="first"):
@@ -159,7 +157,7 @@ async def test_every_task_is_stopped_the_first_error_raised_the_others_logged(
 
 async def test_a_cancelled_caller_logs_the_error_it_cannot_raise(caplog: pytest.LogCaptureFixture) -> None:
     cancelled, release = asyncio.Event(), asyncio.Event()
-    worker = asyncio.create_task(_slow_to_stop(cancelled, release, error="clean-up failed"), name="worker")
+    worker = asyncio.create_task(slow_to_stop(cancelled, release, error="clean-up failed"), name="worker")
     caller = asyncio.create_task(tasks.stop(worker), name="owner")
     await cancelled.wait()
     caller.cancel()
