@@ -80,18 +80,30 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[Response] | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._head_bytes = 0
+        """Bytes received while the head is incomplete (the head's size, for the limit)."""
+        self._header_bytes = 0
+        """Header fields' bytes so far (the limit inside one read)."""
         self._headers: dict[str, str] = {}
         self._body: list[bytes] = []
         self._headers_done = False
         self._by_close = False
         """The response's body ends when the connection does (no length, not chunked)."""
+        self._status = 0
         self._complete = False
         self._extra = False
-        self._status = 0
         self._keep_alive = False
-        self._header_bytes = 0
         self.silent = True
         """No byte of the current request's response has arrived."""
+
+    def _new_response(self) -> None:
+        """Forget the head and body read so far: a new request, a new response begins, or an
+        interim (1xx) response ended and the final one follows."""
+        self._head_bytes = self._header_bytes = 0
+        self._headers = {}
+        self._body = []
+        self._headers_done = False
+        self._by_close = False
+        self._status = 0
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
@@ -142,10 +154,7 @@ class _Connection(asyncio.Protocol):
         if self._complete:
             self._extra = True  # the server sent more than one response
             return
-        self._header_bytes = 0
-        self._headers = {}
-        self._body = []
-        self._headers_done = False
+        self._new_response()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._headers_done or self._complete:
@@ -177,9 +186,7 @@ class _Connection(asyncio.Protocol):
         if self._complete:
             return
         if self._status < 200:  # an interim (1xx) response: the final one follows
-            self._headers_done = False
-            self._by_close = False
-            self._head_bytes = self._header_bytes = 0
+            self._new_response()
             return
         self._complete = True
         self._keep_alive = self._parser.should_keep_alive()
@@ -191,13 +198,9 @@ class _Connection(asyncio.Protocol):
         whole response."""
         assert self.transport is not None
         self.waiter = asyncio.get_running_loop().create_future()
-        self._head_bytes = 0
-        self._headers = {}
-        self._body = []
-        self._headers_done = False
+        self._new_response()
         self._complete = False
         self._extra = False
-        self._status = 0
         self.silent = True
         self.transport.writelines((head, body))
         return self.waiter
