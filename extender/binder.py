@@ -1,4 +1,4 @@
-"""Bind: choose the exact GPUs, record them on the pod, then create the Binding.
+"""Bind: choose the exact GPUs, then create the Binding that records them on the pod.
 
 Role: the extender's ``/bind`` verb (kube-scheduler calls it after the scheduling cycle;
 only one extender may bind). Follows kube-scheduler's assume → bind → forget:
@@ -12,10 +12,14 @@ only one extender may bind). Follows kube-scheduler's assume → bind → forget
    (:func:`extender.scheduling.choose_devices`); :meth:`~extender.state.Inventory.assume`
    them — synchronously, with no ``await`` in between, so two concurrent binds never
    receive the same GPU;
-3. write ``flexlease.io/assigned-gpus``, ``assigned-uuids`` and ``assigned-at`` with a JSON
-   merge patch, then create the Binding (``store.bind``);
-4. on any failure: forget the reservation and, when the annotations were written but the
-   Binding failed, remove them again, so no phantom reservation survives.
+3. create the Binding (``store.bind``) carrying ``flexlease.io/assigned-gpus``,
+   ``assigned-uuids`` and ``assigned-at`` in its metadata: the API server adds a Binding's
+   annotations to the pod in the same write that sets ``spec.nodeName``
+   (``setPodNodeAndMetadata``, pkg/registry/core/pod/storage), so a pod is bound with its
+   GPUs recorded, or neither — one API write per bind and nothing to undo;
+4. on any failure: forget the reservation, so no phantom reservation survives (a Binding
+   that landed although its reply was lost shows up in the watch with its annotations;
+   retried, it answers 409 and is checked: :meth:`Binder._bound_as_asked`).
 
 Binds of one pod are serialised by a per-pod lock. Neighbours: called by
 :mod:`extender.server`; reads :mod:`extender.state`, decides with :mod:`extender.scheduling`,
@@ -28,7 +32,6 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
 
 from extender import scheduling
 from extender.admission import BindCheck
@@ -41,9 +44,6 @@ from flexlease.logging import ctx
 from flexlease.store.base import Kind, Store
 
 log = logging.getLogger(__name__)
-
-ROLLBACK_ATTEMPTS: Final = 3
-ROLLBACK_DELAY_SECONDS: Final = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +153,9 @@ class Binder:
         view = scheduling.release_own(view, pod_uid)
         indices: tuple[int, ...] | None = None
         if req.assignment is not None and req.assignment.node == node:
-            # A claim already on the pod: a previous attempt of ours that did not bind, or
-            # anyone's annotation (a copied YAML). Keep it only if it checks out.
+            # A claim already on an unbound pod: never ours (a Binding writes the claim and
+            # the node together), so anyone's (a copied YAML, an older two-step bind). Keep
+            # it only if it checks out.
             problem = scheduling.claim_problem(req, view, req.assignment.indices)
             if problem is None:
                 indices = req.assignment.indices
@@ -189,53 +190,30 @@ class Binder:
         assignment = Assignment(node, indices)
         by_index = {d.index: d for d in view.devices}
         uuids = ",".join(by_index[i].uuid for i in indices)
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        if (
-            annotations.get(keys.ANN_ASSIGNED_GPUS) == assignment.format()
-            and annotations.get(keys.ANN_ASSIGNED_UUIDS) == uuids
-        ):
-            # Recorded already (a previous attempt): only the Binding is missing.
-            return await self._create_binding(req, node=node, assignment=assignment, wrote_at=None)
-        at = format_time(datetime.now(UTC))
-        patch = {
-            "metadata": {
-                "annotations": {
-                    keys.ANN_ASSIGNED_GPUS: assignment.format(),
-                    keys.ANN_ASSIGNED_UUIDS: uuids,
-                    keys.ANN_ASSIGNED_AT: at,
-                }
-            }
+        recorded = (pod.get("metadata") or {}).get("annotations") or {}
+        annotations: dict[str, str] | None = {
+            keys.ANN_ASSIGNED_GPUS: assignment.format(),
+            keys.ANN_ASSIGNED_UUIDS: uuids,
+            keys.ANN_ASSIGNED_AT: format_time(datetime.now(UTC)),
         }
+        if (
+            recorded.get(keys.ANN_ASSIGNED_GPUS) == assignment.format()
+            and recorded.get(keys.ANN_ASSIGNED_UUIDS) == uuids
+        ):
+            annotations = None  # a claim kept as it stands (with its time): only the Binding is missing
         try:
-            await self._store.patch(Kind.POD, name, patch, namespace=namespace)
-        except StoreError as exc:
-            self._inventory.forget(pod_uid)
-            return self._fail(
-                key, node, f"recording assigned GPUs on pod {key} failed: {exc}", cause="store_error"
+            await self._store.bind(
+                req.namespace, req.name, uid=req.uid or None, node=node, annotations=annotations
             )
-        self._inventory.renew(pod_uid)
-        return await self._create_binding(req, node=node, assignment=assignment, wrote_at=at)
-
-    async def _create_binding(
-        self, req: GpuRequest, *, node: str, assignment: Assignment, wrote_at: str | None
-    ) -> BindOutcome:
-        key = req.key
-        pod_uid = req.uid or key
-        try:
-            await self._store.bind(req.namespace, req.name, uid=req.uid or None, node=node)
         except StoreError as exc:
             if isinstance(exc, Conflict) and await self._bound_as_asked(
                 req, node=node, assignment=assignment
             ):
                 return BindOutcome("idempotent", assignment=assignment)
             self._inventory.forget(pod_uid)
-            await self._remove_annotations(req, expect_at=wrote_at)
             return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
         self._inventory.renew(pod_uid)
-        log.info(
-            "bound pod",
-            extra=ctx(pod=key, node=node, gpu=",".join(map(str, assignment.indices))),
-        )
+        log.info("bound pod", extra=ctx(pod=key, node=node, gpu=",".join(map(str, indices))))
         return BindOutcome("bound", assignment=assignment)
 
     async def _bound_as_asked(self, req: GpuRequest, *, node: str, assignment: Assignment) -> bool:
@@ -247,48 +225,6 @@ class Binder:
         except FlexleaseError:
             return False
         return cur.node_name == node and cur.assignment == assignment
-
-    async def _remove_annotations(self, req: GpuRequest, *, expect_at: str | None) -> None:
-        """Remove the ``assigned-*`` annotations after a failed Binding; retried, then reported."""
-        patch: dict[str, Any] = {
-            "metadata": {
-                "annotations": {
-                    keys.ANN_ASSIGNED_GPUS: None,
-                    keys.ANN_ASSIGNED_UUIDS: None,
-                    keys.ANN_ASSIGNED_AT: None,
-                }
-            }
-        }
-        last: StoreError | None = None
-        for attempt in range(ROLLBACK_ATTEMPTS):
-            try:
-                cur = await self._store.get(Kind.POD, req.name, namespace=req.namespace)
-                meta = cur.get("metadata") or {}
-                ann = meta.get("annotations") or {}
-                if (meta.get("uid") or "") != req.uid or (cur.get("spec") or {}).get("nodeName"):
-                    return  # replaced or bound by someone else: not ours to touch
-                if expect_at is not None and ann.get(keys.ANN_ASSIGNED_AT) != expect_at:
-                    return  # rewritten since: not ours any more
-                if keys.ANN_ASSIGNED_GPUS not in ann:
-                    return
-                await self._store.patch(
-                    Kind.POD,
-                    req.name,
-                    patch,
-                    namespace=req.namespace,
-                    resource_version=str(meta.get("resourceVersion") or "") or None,
-                )
-                return
-            except StoreError as exc:
-                if exc.status == 404:
-                    return
-                last = exc
-                await asyncio.sleep(ROLLBACK_DELAY_SECONDS * (attempt + 1))
-        log.error(
-            "could not remove assigned-gpus after a failed bind; the watch keeps the GPUs taken "
-            "until the pod is deleted or rescheduled",
-            extra=ctx(pod=req.key, error=str(last)),
-        )
 
     @staticmethod
     def _fail(key: str, node: str, message: str, *, cause: str) -> BindOutcome:

@@ -181,8 +181,18 @@ class Store(Protocol):
         Unbound and terminal pods and other kinds go at once. Raises ``NotFound``."""
         ...
 
-    async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
-        """Create the pod's Binding (``pods/binding``): sets ``spec.nodeName``. Raises
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """Create the pod's Binding (``pods/binding``): sets ``spec.nodeName`` and adds the
+        Binding's ``metadata.annotations`` to the pod's, in one write (the API server's
+        ``BindingREST``, ``setPodNodeAndMetadata`` in pkg/registry/core/pod/storage). Raises
         ``NotFound``; ``Conflict`` when the pod is already bound (to any node) or ``uid``
         does not match."""
         ...

@@ -51,7 +51,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -417,12 +417,23 @@ class KubeStore:
             body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_period_seconds}
         await self._call("DELETE", _object_path(RESOURCES[kind], name, namespace), body=body)
 
-    async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
-        """``POST pods/{name}/binding``. Raises ``NotFound``; ``Conflict`` when the pod is
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """``POST pods/{name}/binding`` (``annotations`` in the Binding's metadata: the API
+        server adds them to the pod's). Raises ``NotFound``; ``Conflict`` when the pod is
         already bound or ``uid`` differs from the pod's."""
         meta: JsonObj = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        if annotations:
+            meta["annotations"] = dict(annotations)
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -262,13 +262,21 @@ class MemoryStore:
                 return
         self._write(kind, key, change=EventType.DELETED, obj=current, prev=entry)
 
-    async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         """The pod's Binding (see :func:`semantics.apply_bind`). Raises ``NotFound``,
         ``Conflict`` (already bound, uid mismatch)."""
         self._check_open()
         key = semantics.object_key(Kind.POD, name, namespace)
         current, text = self._entry(Kind.POD, key)
-        new = semantics.apply_bind(current, uid=uid, node=node)
+        new = semantics.apply_bind(current, uid=uid, node=node, annotations=annotations)
         self._write(Kind.POD, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
 
     async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:

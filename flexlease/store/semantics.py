@@ -324,11 +324,14 @@ def _body(obj: JsonObj) -> JsonObj:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
-def apply_bind(pod: JsonObj, *, uid: str | None, node: str) -> JsonObj:
+def apply_bind(
+    pod: JsonObj, *, uid: str | None, node: str, annotations: Mapping[str, str] | None = None
+) -> JsonObj:
     """The pod after its Binding to ``node`` (without a new resourceVersion): ``spec.nodeName``
-    set and a ``PodScheduled=True`` condition. Raises ``Conflict`` when the pod is already
-    assigned (to any node) or ``uid`` is given and differs; ``StoreError`` (400) on an
-    empty node name."""
+    set, the Binding's ``annotations`` added to the pod's (the API server's
+    ``setPodNodeAndMetadata``) and a ``PodScheduled=True`` condition. Raises ``Conflict``
+    when the pod is already assigned (to any node) or ``uid`` is given and differs;
+    ``StoreError`` (400) on an empty node name."""
     meta = pod.get("metadata") or {}
     where = f"{meta.get('namespace')}/{meta.get('name')}"
     if not node:
@@ -345,6 +348,8 @@ def apply_bind(pod: JsonObj, *, uid: str | None, node: str) -> JsonObj:
     out = dict(pod)
     out["spec"] = {**spec, "nodeName": node}
     out["status"] = status
+    if annotations:
+        out["metadata"] = {**meta, "annotations": {**(meta.get("annotations") or {}), **annotations}}
     return out
 
 

@@ -16,7 +16,7 @@ import functools
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
@@ -341,14 +341,22 @@ class SqliteStore:
         await self._call(functools.partial(self._write, write))
         self._wake(kind)
 
-    async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         """The pod's Binding (see :func:`semantics.apply_bind`). Raises ``NotFound``,
         ``Conflict`` (already bound, uid mismatch)."""
         key = semantics.object_key(Kind.POD, name, namespace)
 
         def write(conn: sqlite3.Connection, revs: _Revisions) -> None:
             text = _fetch(conn, Kind.POD, key)
-            new = semantics.apply_bind(semantics.decode(text), uid=uid, node=node)
+            new = semantics.apply_bind(semantics.decode(text), uid=uid, node=node, annotations=annotations)
             _put(conn, revs, kind=Kind.POD, key=key, change=EventType.MODIFIED, obj=new, prev_text=text)
 
         await self._call(functools.partial(self._write, write))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -19,30 +20,37 @@ from tests.extender.test_server import post
 
 
 class FlakyStore(MemoryStore):
-    """A MemoryStore whose bind/patch can fail or stall, as an API server can."""
+    """A MemoryStore whose bind can fail or stall, as an API server can; pod patches are counted."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fail_bind = 0
-        self.fail_patch = 0
         self.bind_delay = 0.0
         self.lose_bind_reply = False
         self.binds = 0
+        self.pod_patches = 0
 
     async def patch(self, kind: Kind, name: str, patch: JsonObj, **kw: Any) -> JsonObj:
-        if kind is Kind.POD and self.fail_patch:
-            self.fail_patch -= 1
-            raise StoreError("etcdserver: request timed out", status=500)
+        if kind is Kind.POD:
+            self.pod_patches += 1
         return await super().patch(kind, name, patch, **kw)
 
-    async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         self.binds += 1
         if self.bind_delay:
             await asyncio.sleep(self.bind_delay)
         if self.fail_bind:
             self.fail_bind -= 1
             raise StoreError("node n1 is being drained", status=500)
-        await super().bind(namespace, name, uid=uid, node=node)
+        await super().bind(namespace, name, uid=uid, node=node, annotations=annotations)
         if self.lose_bind_reply:
             self.lose_bind_reply = False
             raise StoreError("connection reset by peer")
@@ -68,7 +76,9 @@ async def annotations(store: MemoryStore, name: str) -> dict[str, str]:
     return ann
 
 
-async def test_failed_binding_removes_annotations_and_reservation(start: Any, store: FlakyStore) -> None:
+async def test_failed_binding_leaves_neither_annotations_nor_reservation(
+    start: Any, store: FlakyStore
+) -> None:
     await add_node(store, payloads.gpunode("n1", gpus=2))
     client = await start()
     pod = await add_pod(store, payloads.pod("p", gpus=2))
@@ -84,15 +94,21 @@ async def test_failed_binding_removes_annotations_and_reservation(start: Any, st
     assert (await annotations(store, "p"))[keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
 
 
-async def test_failed_annotation_write_forgets_the_reservation(start: Any, store: FlakyStore) -> None:
+async def test_a_bind_is_one_write_the_binding_carrying_the_annotations(
+    start: Any, store: FlakyStore
+) -> None:
     await add_node(store, payloads.gpunode("n1", gpus=2))
     client = await start()
     pod = await add_pod(store, payloads.pod("p", gpus=2))
-    store.fail_patch = 1
-    assert "recording assigned GPUs on pod ml/p failed" in await bind(client, pod)
-    assert store.binds == 0
-    view = client.app[server.INVENTORY].snapshot().get("n1")
-    assert view is not None and all(d.holder is None for d in view.devices)
+    before = await store.get(Kind.POD, "p", namespace="ml")
+    store.pod_patches = 0
+    assert await bind(client, pod) == ""
+    assert store.binds == 1 and store.pod_patches == 0
+    stored = await store.get(Kind.POD, "p", namespace="ml")
+    assert int(stored["metadata"]["resourceVersion"]) == int(before["metadata"]["resourceVersion"]) + 1
+    ann = stored["metadata"]["annotations"]
+    assert stored["spec"]["nodeName"] == "n1" and ann[keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
+    assert ann[keys.ANN_ASSIGNED_UUIDS].count(",") == 1
 
 
 async def test_lost_binding_reply_is_success(start: Any, store: FlakyStore) -> None:

@@ -83,9 +83,9 @@ async def test_serves_over_tcp_and_bind_commits_when_the_scheduler_hangs_up() ->
     pod = await add_pod(store, payloads.pod("p", gpus=1))
     real_bind = store.bind
 
-    async def slow_bind(namespace: str, name: str, *, uid: str | None, node: str) -> None:
+    async def slow_bind(namespace: str, name: str, *, uid: str | None, node: str, **kw: Any) -> None:
         await asyncio.sleep(0.3)
-        await real_bind(namespace, name, uid=uid, node=node)
+        await real_bind(namespace, name, uid=uid, node=node, **kw)
 
     store.bind = slow_bind  # type: ignore[method-assign]
     try:

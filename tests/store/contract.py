@@ -575,6 +575,33 @@ class StoreContract:
             await store.bind(NS, "p1", uid=None, node="gpu-4")
         assert (await store.get(Kind.POD, "p1", namespace=NS)) == pod
 
+    async def test_bind_adds_the_bindings_annotations_in_the_same_write(self, store: Store) -> None:
+        pod = make_pod("p1")
+        pod["metadata"]["annotations"] = {"keep": "me", "flexlease.io/assigned-gpus": "old:0"}
+        created = await store.create(Kind.POD, pod)
+        async with watching(store, Kind.POD, created["metadata"]["resourceVersion"]) as events:
+            await store.bind(
+                NS,
+                "p1",
+                uid=created["metadata"]["uid"],
+                node="gpu-3",
+                annotations={"flexlease.io/assigned-gpus": "gpu-3:0,1", "flexlease.io/assigned-at": "t"},
+            )
+            (event,) = await next_events(events, 1)
+            await no_more_events(events)  # one event: node and annotations together
+        assert event.type is EventType.MODIFIED
+        got = event.object
+        assert got["spec"]["nodeName"] == "gpu-3"
+        assert got["metadata"]["annotations"] == {
+            "keep": "me",
+            "flexlease.io/assigned-gpus": "gpu-3:0,1",
+            "flexlease.io/assigned-at": "t",
+        }
+        assert await store.get(Kind.POD, "p1", namespace=NS) == got
+        with pytest.raises(Conflict):  # a refused Binding writes no annotation either
+            await store.bind(NS, "p1", uid=None, node="gpu-4", annotations={"other": "x"})
+        assert "other" not in (await store.get(Kind.POD, "p1", namespace=NS))["metadata"]["annotations"]
+
     async def test_bind_uid_mismatch_conflicts(self, store: Store) -> None:
         await store.create(Kind.POD, make_pod("p1"))
         with pytest.raises(Conflict):

@@ -15,7 +15,7 @@ structural schema on every write (:mod:`tests.store.crd_schema`).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,12 +183,20 @@ class FaultyStore:
             lambda: self.inner.delete(kind, name, namespace=namespace, **kw),
         )
 
-    async def bind(self, namespace: str, name: str, *, uid: str | None, node: str) -> None:
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         await self._call(
             "bind",
             Kind.POD,
-            [namespace, name, node],
-            lambda: self.inner.bind(namespace, name, uid=uid, node=node),
+            [namespace, name, node, annotations or {}],
+            lambda: self.inner.bind(namespace, name, uid=uid, node=node, annotations=annotations),
         )
 
     async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:
