@@ -37,35 +37,133 @@ DEFAULT_MAX_CLASSES: Final = 128
 class FilterResult:
     """The filter answer for one class over one candidate list, at snapshot ``version``.
 
-    ``passed`` keeps input order until nodes flip; ``failed``/``unresolvable`` map node →
-    reason; ``counts`` counts nodes per (interned) verdict. ``encoded`` is a cache slot for
-    the serialised reply, cleared whenever a verdict changes. Shared between requests:
-    read it synchronously after :meth:`FilterCache.filter`, before the next call.
+    ``names`` are the candidates (each once, in the order given) and ``verdicts`` their
+    verdicts, aligned; ``counts`` counts nodes per (interned) verdict. ``passed``,
+    ``failed`` and ``unresolvable`` are derived from them. The reply is encoded block by
+    block (:class:`_Blocks`) and kept in ``encoded`` until a verdict changes. Shared
+    between requests: read it synchronously after :meth:`FilterCache.filter`, before the
+    next call.
     """
 
     version: int
-    passed: list[str]
-    failed: dict[str, str]
-    unresolvable: dict[str, str]
+    names: list[str]
+    verdicts: list[Verdict]
     counts: dict[Verdict, int]
+    blocks: _Blocks
     encoded: bytes | None = None
 
+    @property
+    def passed(self) -> list[str]:
+        """The candidates that pass, in candidate order."""
+        ok = scheduling.PASS
+        return [n for n, v in zip(self.names, self.verdicts, strict=True) if v is ok]
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Node → reason of the candidates that do not fit now (``FailedNodes``)."""
+        code = Code.UNSCHEDULABLE
+        return {n: v.reason for n, v in zip(self.names, self.verdicts, strict=True) if v.code is code}
+
+    @property
+    def unresolvable(self) -> dict[str, str]:
+        """Node → reason of the candidates preemption cannot help (``FailedAndUnresolvableNodes``)."""
+        code = Code.UNRESOLVABLE
+        return {n: v.reason for n, v in zip(self.names, self.verdicts, strict=True) if v.code is code}
+
     def encode(self) -> bytes:
-        """The ``ExtenderFilterResult`` JSON (nodeCacheCapable form), cached until a verdict
-        changes."""
+        """The ``ExtenderFilterResult`` JSON (nodeCacheCapable form; ``NodeNames`` in
+        candidate order), cached until a verdict changes."""
         if self.encoded is None:
-            self.encoded = b"".join(
-                (
-                    b'{"Nodes":null,"NodeNames":',
-                    orjson.dumps(self.passed),
-                    b',"FailedNodes":',
-                    orjson.dumps(self.failed),
-                    b',"FailedAndUnresolvableNodes":',
-                    orjson.dumps(self.unresolvable),
-                    b',"Error":""}',
-                )
-            )
+            self.encoded = self.blocks.encode(self.names, self.verdicts)
         return self.encoded
+
+    def changed(self, i: int, new: Verdict) -> None:
+        """Candidate ``i``'s verdict is now ``new``."""
+        old = self.verdicts[i]
+        n = self.counts[old] - 1
+        if n:
+            self.counts[old] = n
+        else:
+            del self.counts[old]
+        self.counts[new] = self.counts.get(new, 0) + 1
+        self.verdicts[i] = new
+        self.blocks.parts[i // BLOCK] = None
+        self.encoded = None
+
+    def copy(self) -> FilterResult:
+        """A copy whose changes leave this result as it is (the candidate list is shared)."""
+        return FilterResult(
+            self.version, self.names, list(self.verdicts), dict(self.counts), self.blocks.copy(), self.encoded
+        )
+
+
+BLOCK: Final = 64
+"""Candidates per block of an encoded filter reply (:class:`_Blocks`)."""
+
+
+@dataclass(slots=True)
+class _Blocks:
+    """A filter reply's three members encoded per block of :data:`BLOCK` candidates and
+    kept until a verdict in the block changes: a reply after a few changed nodes
+    re-encodes a few blocks and joins the rest (encoding in proportion to the changes, one
+    copy of the reply), instead of encoding every candidate again. ``parts[k]`` is block
+    ``k``'s (``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``) members
+    without their brackets, or None when it must be encoded again. The candidates must
+    be distinct (each name one member)."""
+
+    parts: list[tuple[bytes, bytes, bytes] | None]
+
+    @classmethod
+    def of(cls, size: int) -> _Blocks:
+        """No block encoded yet, for ``size`` candidates."""
+        return cls([None] * -(-size // BLOCK))
+
+    def copy(self) -> _Blocks:
+        return _Blocks(list(self.parts))
+
+    def encode(self, names: list[str], verdicts: list[Verdict]) -> bytes:
+        passed: list[bytes] = []
+        failed: list[bytes] = []
+        unresolvable: list[bytes] = []
+        parts = self.parts
+        for k, kept in enumerate(parts):
+            if kept is None:
+                lo = k * BLOCK
+                p, f, u = parts[k] = _encode_block(names[lo : lo + BLOCK], verdicts[lo : lo + BLOCK])
+            else:
+                p, f, u = kept
+            if p:
+                passed.append(p)
+            if f:
+                failed.append(f)
+            if u:
+                unresolvable.append(u)
+        return b"".join(
+            (
+                b'{"Nodes":null,"NodeNames":[',
+                b",".join(passed),
+                b'],"FailedNodes":{',
+                b",".join(failed),
+                b'},"FailedAndUnresolvableNodes":{',
+                b",".join(unresolvable),
+                b'},"Error":""}',
+            )
+        )
+
+
+def _encode_block(names: list[str], verdicts: list[Verdict]) -> tuple[bytes, bytes, bytes]:
+    ok, unschedulable = scheduling.PASS, Code.UNSCHEDULABLE
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    for name, v in zip(names, verdicts, strict=True):
+        if v is ok:
+            passed.append(name)
+        elif v.code is unschedulable:
+            failed[name] = v.reason
+        else:
+            unresolvable[name] = v.reason
+    return orjson.dumps(passed)[1:-1], orjson.dumps(failed)[1:-1], orjson.dumps(unresolvable)[1:-1]
 
 
 _QUOTED: dict[str, str] = {}
@@ -84,9 +182,8 @@ def _json_str(s: str) -> str:
 
 @dataclass(slots=True)
 class _Entry:
-    names: list[str]
     index: dict[str, int]
-    verdicts: list[Verdict]
+    """Candidate name → its position in ``result.names``."""
     standby: bytearray
     """1 where the candidate is a standby-pool node (a bytearray: nothing for the collector)."""
     general_passes: int
@@ -94,17 +191,7 @@ class _Entry:
 
     def copy(self) -> _Entry:
         """A copy whose updates leave this entry as it is (the candidate list is shared)."""
-        r = self.result
-        return _Entry(
-            names=self.names,
-            index=self.index,
-            verdicts=list(self.verdicts),
-            standby=bytearray(self.standby),
-            general_passes=self.general_passes,
-            result=FilterResult(
-                r.version, list(r.passed), dict(r.failed), dict(r.unresolvable), dict(r.counts), r.encoded
-            ),
-        )
+        return _Entry(self.index, bytearray(self.standby), self.general_passes, self.result.copy())
 
 
 class FilterCache:
@@ -114,11 +201,12 @@ class FilterCache:
     def __init__(self, *, max_classes: int = DEFAULT_MAX_CLASSES) -> None:
         self._max = max_classes
         self._entries: dict[tuple[RequestKeys, bool], _Entry] = {}
+        self._given: Sequence[str] = ()
         self._names: list[str] = []
         self._index: dict[str, int] = {}
-        """The latest candidate list and its positions, shared by every entry made for it
-        (the scheduler sends the same list for most pods): one copy for the collector to
-        traverse, not one per class."""
+        """The latest candidate list as given, the same without repeated names, and their
+        positions, shared by every entry made for it (the scheduler sends the same list for
+        most pods): one copy for the collector to traverse, not one per class."""
         self._families: dict[tuple[FitKey, int, int | None, bool], tuple[RequestKeys, bool]] = {}
         """Per family (a class without its owner), its most recently filtered class."""
         self.full = 0
@@ -135,26 +223,29 @@ class FilterCache:
         changed_since: Callable[[int], set[str] | None],
         tagged: Mapping[str, AbstractSet[str]] | None = None,
     ) -> FilterResult:
-        """The filter result of ``req`` over candidate ``names`` against snapshot ``nodes``
-        at ``version``. ``changed_since(v)`` names the nodes changed after snapshot ``v``
-        (None when unknown). Same verdicts as :func:`extender.scheduling.filter_nodes`.
+        """The filter result of ``req`` over candidate ``names`` (a name given twice is
+        answered once) against snapshot ``nodes`` at ``version``. ``changed_since(v)``
+        names the nodes changed after snapshot ``v`` (None when unknown). Same verdicts as
+        :func:`extender.scheduling.filter_nodes`.
 
         ``tagged``: owner → the snapshot's nodes with a device tagged for that owner
         (:attr:`extender.state.Snapshot.tagged`). Given it, the first request of a
         high-priority class is derived from the latest class that differs only in its owner:
         the owner decides only on nodes tagged for one of the two (elsewhere both see the
         same devices), so only those and the changed nodes are re-checked."""
-        if names is not self._names and self._names != names:
-            self._names = list(names)
-            self._index = {n: i for i, n in enumerate(self._names)}
+        if names is not self._given and self._given != names:
+            self._given = names
+            self._index = {}
+            for n in names:
+                self._index.setdefault(n, len(self._index))
+            self._names = list(self._index)
         keys = RequestKeys.of(req)
         class_key = (keys, req.reclaim)
         family = (keys.exact._replace(owner=None), keys.count, keys.preemptor, req.reclaim)
         entry = self._entries.pop(class_key, None)
-        reusable = entry is not None and (entry.names is self._names or entry.names == names)
         if (
-            reusable
-            and entry is not None
+            entry is not None
+            and self._current(entry)
             and (entry.result.version == version or self._update(req, entry, nodes, version, changed_since))
         ):
             self.incremental += 1
@@ -180,6 +271,16 @@ class FilterCache:
             del self._entries[next(iter(self._entries))]
         return entry.result
 
+    def _current(self, entry: _Entry) -> bool:
+        """Whether ``entry`` was made for the latest candidate list (then it shares it)."""
+        names = entry.result.names
+        if names is self._names:
+            return True
+        if names != self._names:
+            return False
+        entry.result.names, entry.index = self._names, self._index  # one copy, shared
+        return True
+
     def _derive(
         self,
         req: GpuRequest,
@@ -196,11 +297,7 @@ class FilterCache:
             return None
         sibling_key = self._families.get(family)
         sibling = self._entries.get(sibling_key) if sibling_key is not None else None
-        if (
-            sibling is None
-            or sibling_key == class_key
-            or not (sibling.names is self._names or sibling.names == self._names)
-        ):
+        if sibling is None or sibling_key == class_key or not self._current(sibling):
             return None
 
         assert sibling_key is not None
@@ -223,32 +320,14 @@ class FilterCache:
         standby = bytearray(len(names))
         for i in standby_at:
             standby[i] = 1
-        passed: list[str] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
+        counts = dict(Counter(verdicts))
         ok = scheduling.PASS
-        unschedulable = Code.UNSCHEDULABLE
-        for name, v in zip(names, verdicts, strict=True):
-            if v is ok:
-                passed.append(name)
-            elif v.code is unschedulable:
-                failed[name] = v.reason
-            else:
-                unresolvable[name] = v.reason
-        general_passes = len(passed) - sum(1 for i in standby_at if verdicts[i] is ok)
+        general_passes = counts.get(ok, 0) - sum(1 for i in standby_at if verdicts[i] is ok)
         return _Entry(
-            names=names,
             index=index,
-            verdicts=verdicts,
             standby=standby,
             general_passes=general_passes,
-            result=FilterResult(
-                version,
-                passed,
-                failed,
-                unresolvable,
-                dict(Counter(verdicts)),
-            ),
+            result=FilterResult(version, names, verdicts, counts, _Blocks.of(len(names))),
         )
 
     @staticmethod
@@ -260,12 +339,14 @@ class FilterCache:
         changed_since: Callable[[int], set[str] | None],
     ) -> bool:
         """Re-check the changed nodes; False when a full filter is needed instead."""
-        changed = changed_since(entry.result.version)
+        result = entry.result
+        changed = changed_since(result.version)
         if changed is None:
             return False
-        updates: list[tuple[int, str, Verdict]] = []
+        updates: list[tuple[int, Verdict]] = []
         passes = entry.general_passes
         check: scheduling.Checker | None = None
+        verdicts = result.verdicts
         for name in changed:
             i = entry.index.get(name)
             if i is None:
@@ -282,46 +363,18 @@ class FilterCache:
                 if check is None:
                     check = scheduling.Checker(req)
                 new = check(view)
-            old = entry.verdicts[i]
+            old = verdicts[i]
             if new is not old:
-                updates.append((i, name, new))
+                updates.append((i, new))
                 if not on_standby:
                     passes += (new is scheduling.PASS) - (old is scheduling.PASS)
         if req.reclaim and (passes > 0) != (entry.general_passes > 0) and any(entry.standby):
             return False  # "a general node fits" flipped: every standby verdict changes
-        result = entry.result
-        for i, name, new in updates:
-            _remove(result, name, entry.verdicts[i])
-            _add(result, name, new)
-            entry.verdicts[i] = new
-            result.encoded = None
+        for i, new in updates:
+            result.changed(i, new)
         entry.general_passes = passes
         result.version = version
         return True
-
-
-def _remove(result: FilterResult, name: str, v: Verdict) -> None:
-    n = result.counts[v] - 1
-    if n:
-        result.counts[v] = n
-    else:
-        del result.counts[v]
-    if v is scheduling.PASS:
-        result.passed.remove(name)
-    elif v.code is Code.UNSCHEDULABLE:
-        del result.failed[name]
-    else:
-        del result.unresolvable[name]
-
-
-def _add(result: FilterResult, name: str, v: Verdict) -> None:
-    result.counts[v] = result.counts.get(v, 0) + 1
-    if v is scheduling.PASS:
-        result.passed.append(name)
-    elif v.code is Code.UNSCHEDULABLE:
-        result.failed[name] = v.reason
-    else:
-        result.unresolvable[name] = v.reason
 
 
 @dataclass(slots=True)
@@ -330,18 +383,38 @@ class _Scores:
     """node → its ``{"Host": ..., "Score": ...}`` JSON member, valid at ``version``."""
     version: int
 
+    def drop(self, changed: AbstractSet[str] | None) -> bool:
+        """Forget the scores of the ``changed`` nodes; False when ``changed`` is None
+        (unknown: nothing is kept)."""
+        if changed is None:
+            return False
+        by_name = self.by_name
+        for name in changed:
+            by_name.pop(name, None)
+        return True
+
 
 class PriorityCache:
     """Per-class prioritize answers (``HostPriorityList``), updated incrementally like
     :class:`FilterCache`: each node's score is kept per class until the node changes, so the
     candidate list may differ from call to call (it is the previous filter's answer). The
-    class adds the pod's checkpoint and images (cache affinity) to the filter's."""
+    class adds the pod's checkpoint and images (cache affinity) to the filter's.
+
+    A new class starts from the latest class of its family (the same request but for the
+    owner and the checkpoint): a node scores the same for both unless it changed since, is
+    tagged for one of the two owners, or caches one of the two checkpoints."""
 
     def __init__(self, *, max_classes: int = DEFAULT_MAX_CLASSES) -> None:
         self._max = max_classes
         self._entries: dict[tuple[RequestKeys, bool, str | None, tuple[str, ...]], _Scores] = {}
+        self._families: dict[
+            tuple[FitKey, bool, int, int | None, bool, tuple[str, ...]],
+            tuple[RequestKeys, bool, str | None, tuple[str, ...]],
+        ] = {}
+        """Per family, its most recently scored class."""
         self.computed = 0
         self.reused = 0
+        self.derived = 0
 
     def prioritize(
         self,
@@ -351,19 +424,29 @@ class PriorityCache:
         *,
         version: int,
         changed_since: Callable[[int], set[str] | None],
+        tagged: Mapping[str, AbstractSet[str]] | None = None,
+        cached: Mapping[str, AbstractSet[str]] | None = None,
     ) -> bytes:
         """The JSON ``HostPriorityList`` for ``names``: :func:`extender.scheduling.score_node`
-        per node (0 for a node without a GPUNode), in input order."""
+        per node (0 for a node without a GPUNode), in input order. ``tagged`` (owner → nodes
+        with a device tagged for it) and ``cached`` (checkpoint → nodes caching it), from
+        the same snapshot as ``nodes`` (:class:`extender.state.Snapshot`), let a new class
+        start from its family's latest scores; without them it starts empty."""
         keys = RequestKeys.of(req)
         class_key = (keys, req.reclaim, req.checkpoint, req.images)
+        family = (
+            keys.exact._replace(owner=None),
+            keys.exact.owner is None,
+            keys.count,
+            keys.preemptor,
+            req.reclaim,
+            req.images,
+        )
         entry = self._entries.pop(class_key, None)
-        if entry is not None:
-            changed = changed_since(entry.version)
-            if changed is None:
-                entry = None
-            else:
-                for name in changed:
-                    entry.by_name.pop(name, None)
+        if entry is not None and not entry.drop(changed_since(entry.version)):
+            entry = None
+        if entry is None and tagged is not None and cached is not None:
+            entry = self._derive(class_key, family, changed_since, tagged, cached)
         if entry is None:
             entry = _Scores({}, version)
         entry.version = version
@@ -373,18 +456,51 @@ class PriorityCache:
         if None in fragments:
             scorer = scheduling.Scorer(req, keys)
             # the candidates without a score: C-level selection (a fragment is never empty)
-            for name in compress(names, map(not_, fragments)):
-                if name not in by_name:  # a candidate listed twice is scored once
+            for i in compress(range(len(fragments)), map(not_, fragments)):
+                name = names[i]
+                fragment = by_name.get(name)
+                if fragment is None:  # a candidate listed twice is scored once
                     view = nodes.get(name)
-                    by_name[name] = _host_score(name, scorer(view) if view is not None else 0)
+                    fragment = by_name[name] = _host_score(name, scorer(view) if view is not None else 0)
                     computed += 1
-            fragments = list(map(by_name.__getitem__, names))
+                fragments[i] = fragment
         self.computed += computed
         self.reused += len(names) - computed
         self._entries[class_key] = entry
+        self._families[family] = class_key
         if len(self._entries) > self._max:
             del self._entries[next(iter(self._entries))]
+        if len(self._families) > self._max:
+            del self._families[next(iter(self._families))]
         return b"[" + b",".join(fragments) + b"]"  # type: ignore[arg-type]  # no None left
+
+    def _derive(
+        self,
+        class_key: tuple[RequestKeys, bool, str | None, tuple[str, ...]],
+        family: tuple[FitKey, bool, int, int | None, bool, tuple[str, ...]],
+        changed_since: Callable[[int], set[str] | None],
+        tagged: Mapping[str, AbstractSet[str]],
+        cached: Mapping[str, AbstractSet[str]],
+    ) -> _Scores | None:
+        """Scores for a new class from its family's latest class, or None."""
+        sibling_key = self._families.get(family)
+        sibling = self._entries.get(sibling_key) if sibling_key is not None else None
+        if sibling is None or sibling_key is None or sibling_key == class_key:
+            return None
+        changed = changed_since(sibling.version)
+        if changed is None:
+            return None
+        empty: frozenset[str] = frozenset()
+        owner, other = class_key[0].exact.owner, sibling_key[0].exact.owner
+        if owner != other:
+            changed |= tagged.get(owner or "", empty) | tagged.get(other or "", empty)
+        ckpt, other_ckpt = class_key[2], sibling_key[2]
+        if ckpt != other_ckpt:
+            changed |= cached.get(ckpt or "", empty) | cached.get(other_ckpt or "", empty)
+        entry = _Scores(dict(sibling.by_name), sibling.version)
+        entry.drop(changed)
+        self.derived += 1
+        return entry
 
 
 def _host_score(name: str, score: int) -> bytes:

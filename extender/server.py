@@ -437,7 +437,13 @@ async def prioritize_verb(request: web.Request) -> web.Response:
     inv = request.app[INVENTORY]
     snap = inv.snapshot()
     body = request.app[PRIORITY_CACHE].prioritize(
-        req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since
+        req,
+        snap.nodes,
+        names,
+        version=snap.version,
+        changed_since=inv.changed_since,
+        tagged=snap.tagged,
+        cached=snap.cached,
     )
     own = _own_claims(req, snap.nodes, names, inv)
     if own:  # score the pod's own claim as free for it

@@ -69,6 +69,8 @@ class Snapshot:
     tagged: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
     """Owner → names of the nodes whose view has a device tagged for that owner
     (:attr:`NodeView.owners`)."""
+    cached: Mapping[str, frozenset[str]] = field(default_factory=lambda: MappingProxyType({}))
+    """Checkpoint id → names of the nodes whose view caches it (:attr:`NodeView.checkpoints`)."""
 
     def get(self, name: str) -> NodeView | None:
         return self.nodes.get(name)
@@ -232,6 +234,14 @@ class Inventory:
         changed, when a GPUNode changes): a view rebuilt from the same one keeps its devices."""
         self._dirty: set[str] = set()
         self._tagged: dict[str, frozenset[str]] = {}
+        self._cached: dict[str, frozenset[str]] = {}
+        """Checkpoint id → the nodes whose current view caches it."""
+        self._indexes: tuple[Mapping[str, frozenset[str]], Mapping[str, frozenset[str]]] = (
+            MappingProxyType({}),
+            MappingProxyType({}),
+        )
+        """Read-only copies of ``_tagged`` and ``_cached`` for snapshots, made again only
+        when one changes (most snapshots differ in holders only)."""
         """Owner → the nodes whose current view has a device tagged for that owner."""
         self._generation = 0
         self._version = 0
@@ -734,31 +744,28 @@ class Inventory:
                 del self._views[name]
             else:
                 self._views[name] = view
-            self._retag(
+            empty: frozenset[str] = frozenset()
+            moved = _move(
+                self._tagged,
                 name,
-                before.owners if before is not None else frozenset(),
-                view.owners if view is not None else frozenset(),
+                before.owners if before is not None else empty,
+                view.owners if view is not None else empty,
             )
+            moved |= _move(
+                self._cached,
+                name,
+                before.checkpoints if before is not None else empty,
+                view.checkpoints if view is not None else empty,
+            )
+            if moved:
+                self._indexes = (MappingProxyType(dict(self._tagged)), MappingProxyType(dict(self._cached)))
         self._dirty.clear()
         if self._snapshot is not None and not changed:
             return self._snapshot  # every change cancelled out: the same views
         self._version += 1
         self._changelog.append((self._version, frozenset(changed)))
-        self._snapshot = Snapshot(
-            self._version, MappingProxyType(dict(self._views)), MappingProxyType(dict(self._tagged))
-        )
+        self._snapshot = Snapshot(self._version, MappingProxyType(dict(self._views)), *self._indexes)
         return self._snapshot
-
-    def _retag(self, name: str, old: frozenset[str], new: frozenset[str]) -> None:
-        """Move node ``name`` in :attr:`Snapshot.tagged` from owners ``old`` to ``new``."""
-        for owner in old - new:
-            rest = self._tagged[owner] - {name}
-            if rest:
-                self._tagged[owner] = rest
-            else:
-                del self._tagged[owner]
-        for owner in new - old:
-            self._tagged[owner] = self._tagged.get(owner, frozenset()) | {name}
 
     def changed_since(self, version: int) -> set[str] | None:
         """Names of nodes whose view changed (or vanished) between snapshot ``version`` and
@@ -804,3 +811,19 @@ class Inventory:
             "pods": len(self._holdings),
             "reservations": len(self._reservations),
         }
+
+
+def _move(index: dict[str, frozenset[str]], name: str, old: frozenset[str], new: frozenset[str]) -> bool:
+    """Move node ``name`` in ``index`` (key → nodes) from keys ``old`` to keys ``new``;
+    whether anything moved."""
+    if old == new:
+        return False
+    for key in old - new:
+        rest = index[key] - {name}
+        if rest:
+            index[key] = rest
+        else:
+            del index[key]
+    for key in new - old:
+        index[key] = index.get(key, frozenset()) | {name}
+    return True

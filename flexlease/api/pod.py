@@ -351,7 +351,8 @@ class ParsedPods:
             return entry[1]
         self.misses += 1
         req = parse_pod(pod, self.resource)
-        if orjson.loads(encoded) == pod:  # NaN or infinity encode as null: not cached
+        # NaN or infinity encode as null (then not cached); without a null, it reads back equal
+        if b"null" not in encoded or orjson.loads(encoded) == pod:
             self._entries.pop(key, None)
             self._entries[key] = (encoded, req)
             if len(self._entries) > self._size:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender import scheduling
-from extender.equivalence import FilterCache, PriorityCache
+from extender.equivalence import BLOCK, FilterCache, PriorityCache
+from extender.scheduling import Code
 from extender.state import Inventory
-from flexlease.api.pod import parse_pod
+from flexlease.api.pod import GpuRequest, parse_pod
 from flexlease.store.base import EventType, WatchEvent
 from tests.extender import payloads
 
@@ -30,6 +32,7 @@ def cluster(rng: random.Random) -> Inventory:
                 owners=_owners(i),
                 pool="standby" if i >= 9 else "general",
                 model=payloads.A100 if i == 5 else payloads.H20,
+                checkpoints=_checkpoints(i),
             )
         )
     inv.replace_nodes(nodes)
@@ -44,6 +47,13 @@ def _owners(i: int) -> dict[int, str]:
     if i % 4 == 1:
         return {0: "ml/other", 1: "ml/third", 2: "ml/online"}
     return {}
+
+
+def _checkpoints(i: int, rng: random.Random | None = None) -> list[str]:
+    """Checkpoints cached on node ``i``: a fixed pattern, or drawn by ``rng``."""
+    if rng is not None:
+        return rng.sample(["ck-a", "ck-b", "ck-c"], rng.randrange(3))
+    return [c for c, m in (("ck-a", 2), ("ck-b", 3)) if i % m == 0]
 
 
 def random_change(inv: Inventory, rng: random.Random, step: int) -> None:
@@ -82,6 +92,7 @@ def random_change(inv: Inventory, rng: random.Random, step: int) -> None:
                     owners=_owners(i),
                     pool="standby" if i >= 9 else "general",
                     model=payloads.A100 if i == 5 else payloads.H20,
+                    checkpoints=_checkpoints(i, rng),
                 ),
             )
         )
@@ -100,6 +111,18 @@ PODS = [
     payloads.pod("i", gpus=4, priority="high", owner="third"),
     payloads.pod("j", gpus=1, priority="high", owner="nobody"),
     payloads.pod("k", gpus=1, priority="high", owner="online"),
+]
+CKPT = payloads.H20
+SCORED = [
+    *PODS,
+    # the same requests with checkpoints: classes derived from their family's in prioritize
+    payloads.pod(
+        "l", gpus=2, priority="high", owner="online", reclaim=True, gpu_type=CKPT, checkpoint="ck-a"
+    ),
+    payloads.pod("m", gpus=2, priority="high", owner="other", reclaim=True, gpu_type=CKPT, checkpoint="ck-b"),
+    payloads.pod("n", gpus=1, checkpoint="ck-a"),
+    payloads.pod("o", gpus=1, checkpoint="ck-c"),
+    payloads.pod("p", gpus=4, priority="high", owner="third", checkpoint="ck-b"),
 ]
 
 
@@ -129,9 +152,9 @@ def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
         }
         assert sum(got.counts.values()) == len(names)
         reply = json.loads(got.encode())
+        assert sorted(reply.pop("NodeNames")) == sorted(got.passed)
         assert reply == {
             "Nodes": None,
-            "NodeNames": got.passed,
             "FailedNodes": got.failed,
             "FailedAndUnresolvableNodes": got.unresolvable,
             "Error": "",
@@ -151,6 +174,53 @@ def test_reuses_results_and_falls_back_when_the_candidates_differ() -> None:
     assert cache.full == 2
 
 
+def test_reply_encoded_by_blocks_reencodes_only_changed_blocks() -> None:
+    inv = cluster(random.Random(3))
+    cache = FilterCache()
+    req = parse_pod(PODS[0])
+    names = [f"absent-{i}" for i in range(3 * BLOCK + 5)] + list(NAMES)  # most without a GPUNode
+    snap = inv.snapshot()
+    first = cache.filter(req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since)
+    body = first.encode()
+    reply = json.loads(body)
+    assert len(reply["FailedAndUnresolvableNodes"]) + len(reply["FailedNodes"]) + len(
+        reply["NodeNames"]
+    ) == len(names)
+    kept = list(first.blocks.parts)
+    assert all(p is not None for p in kept)
+    rng = random.Random(4)
+    step = 0
+    while inv.snapshot().version == snap.version:
+        random_change(inv, rng, step)
+        step += 1
+    snap = inv.snapshot()
+    again = cache.filter(req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since)
+    want = scheduling.filter_nodes(req, [snap.nodes.get(n) for n in names])
+    reply = json.loads(again.encode())
+    assert reply["NodeNames"] == [n for n, v in zip(names, want, strict=True) if v.ok]  # candidate order
+    assert reply["FailedNodes"] == {
+        n: v.reason for n, v in zip(names, want, strict=True) if v.code is Code.UNSCHEDULABLE
+    }
+    # the blocks of nodes without a GPUNode were not encoded again
+    assert again.blocks.parts[:3] == kept[:3]
+
+
+def test_a_name_given_twice_is_answered_once() -> None:
+    inv = cluster(random.Random(2))
+    cache = FilterCache()
+    snap = inv.snapshot()
+    req = parse_pod(PODS[0])
+    names = [*NAMES, NAMES[0], NAMES[3]]
+    result = cache.filter(req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since)
+    reply = json.loads(result.encode())
+    members = [*reply["NodeNames"], *reply["FailedNodes"], *reply["FailedAndUnresolvableNodes"]]
+    assert sorted(members) == sorted(NAMES)
+    assert sum(result.counts.values()) == len(NAMES)
+    # the same list again is an incremental filter of the same entry
+    again = cache.filter(req, snap.nodes, list(names), version=snap.version, changed_since=inv.changed_since)
+    assert again is result and cache.incremental == 1
+
+
 def test_node_names_needing_escapes_are_encoded_correctly() -> None:
     inv = cluster(random.Random(2))
     cache = FilterCache()
@@ -168,15 +238,64 @@ def test_cached_scores_equal_fresh_scores(seed: int, steps: int) -> None:
     rng = random.Random(seed)
     inv = cluster(rng)
     cache = PriorityCache(max_classes=3)
-    reqs = [parse_pod(p) for p in PODS]
+    reqs = [parse_pod(p) for p in SCORED]
     for step in range(steps):
         random_change(inv, rng, step)
         req = rng.choice(reqs)
         snap = inv.snapshot()
+        where = {
+            c: {n for n, v in snap.nodes.items() if c in v.checkpoints} for c in ("ck-a", "ck-b", "ck-c")
+        }
+        assert snap.cached == {c: nodes for c, nodes in where.items() if nodes}
         names = rng.sample(NAMES, rng.randrange(len(NAMES) + 1)) if rng.random() < 0.3 else NAMES
-        body = cache.prioritize(req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since)
+        body = cache.prioritize(
+            req,
+            snap.nodes,
+            names,
+            version=snap.version,
+            changed_since=inv.changed_since,
+            tagged=snap.tagged,
+            cached=snap.cached,
+        )
         want = scheduling.score_nodes(req, [snap.nodes.get(n) for n in names])
         assert json.loads(body) == [{"Host": n, "Score": s} for n, s in zip(names, want, strict=True)]
+
+
+def test_a_new_owner_or_checkpoint_is_scored_only_where_it_matters() -> None:
+    """A class that differs from its family's latest one in owner and checkpoint starts from
+    its scores: only the nodes tagged for either owner or caching either checkpoint are
+    scored again."""
+    inv = cluster(random.Random(5))
+    cache = PriorityCache()
+    snap = inv.snapshot()
+    first, second = (
+        parse_pod(
+            payloads.pod(n, gpus=2, priority="high", owner=o, reclaim=True, gpu_type=CKPT, checkpoint=c)
+        )
+        for n, o, c in (("x", "online", "ck-a"), ("y", "other", "ck-b"))
+    )
+
+    def score(req: GpuRequest) -> list[dict[str, Any]]:
+        body = cache.prioritize(
+            req,
+            snap.nodes,
+            NAMES,
+            version=snap.version,
+            changed_since=inv.changed_since,
+            tagged=snap.tagged,
+            cached=snap.cached,
+        )
+        reply: list[dict[str, Any]] = json.loads(body)
+        return reply
+
+    score(first)
+    assert cache.computed == len(NAMES) and cache.derived == 0
+    got = score(second)
+    assert cache.derived == 1
+    again = snap.tagged["ml/online"] | snap.tagged["ml/other"] | snap.cached["ck-a"] | snap.cached["ck-b"]
+    assert cache.computed == len(NAMES) + len(again) < 2 * len(NAMES)
+    want = scheduling.score_nodes(second, [snap.nodes.get(n) for n in NAMES])
+    assert got == [{"Host": n, "Score": s} for n, s in zip(NAMES, want, strict=True)]
 
 
 def test_a_new_owner_of_a_known_family_is_derived_not_filtered_in_full() -> None:
