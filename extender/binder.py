@@ -191,40 +191,57 @@ class Binder:
         by_index = {d.index: d for d in view.devices}
         uuids = ",".join(by_index[i].uuid for i in indices)
         recorded = (pod.get("metadata") or {}).get("annotations") or {}
-        annotations: dict[str, str] | None = {
-            keys.ANN_ASSIGNED_GPUS: assignment.format(),
-            keys.ANN_ASSIGNED_UUIDS: uuids,
-            keys.ANN_ASSIGNED_AT: format_time(datetime.now(UTC)),
-        }
-        if (
+        kept = (
             recorded.get(keys.ANN_ASSIGNED_GPUS) == assignment.format()
             and recorded.get(keys.ANN_ASSIGNED_UUIDS) == uuids
-        ):
-            annotations = None  # a claim kept as it stands (with its time): only the Binding is missing
+            and recorded.get(keys.ANN_ASSIGNED_AT)
+        )
+        annotations = {
+            keys.ANN_ASSIGNED_GPUS: assignment.format(),
+            keys.ANN_ASSIGNED_UUIDS: uuids,
+            # a claim kept as it stands keeps its time: only the Binding was missing
+            keys.ANN_ASSIGNED_AT: kept or format_time(datetime.now(UTC)),
+        }
         try:
             await self._store.bind(
                 req.namespace, req.name, uid=req.uid or None, node=node, annotations=annotations
             )
         except StoreError as exc:
-            if isinstance(exc, Conflict) and await self._bound_as_asked(
-                req, node=node, assignment=assignment
-            ):
-                return BindOutcome("idempotent", assignment=assignment)
-            self._inventory.forget(pod_uid)
-            return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
+            return await self._binding_failed(req, pod_uid, node=node, assignment=assignment, exc=exc)
         self._inventory.renew(pod_uid)
         log.info("bound pod", extra=ctx(pod=key, node=node, gpu=",".join(map(str, indices))))
         return BindOutcome("bound", assignment=assignment)
 
-    async def _bound_as_asked(self, req: GpuRequest, *, node: str, assignment: Assignment) -> bool:
-        """After a 409: is the pod bound to ``node`` holding ``assignment`` (a lost reply)?"""
+    async def _binding_failed(
+        self, req: GpuRequest, pod_uid: str, *, node: str, assignment: Assignment, exc: StoreError
+    ) -> BindOutcome:
+        """After a failed Binding: read the pod back. Bound as asked (a reply lost, a 409 on
+        the client's retry): success. Not bound as asked: forget the reservation. Unknown
+        (the read fails too, after an error that may have committed: a timeout, a 5xx, a
+        reset connection): keep the reservation until its TTL, so the GPUs are not handed
+        to another pod before the watch says whether the Binding landed."""
+        key = req.key
         try:
             cur = parse_pod(
                 await self._store.get(Kind.POD, req.name, namespace=req.namespace), self._resource
             )
-        except FlexleaseError:
-            return False
-        return cur.node_name == node and cur.assignment == assignment
+        except FlexleaseError as read_exc:
+            definite = exc.status is not None and 400 <= exc.status < 500
+            if definite:
+                self._inventory.forget(pod_uid)
+            else:
+                log.warning(
+                    "outcome of a Binding unknown (%s, and reading the pod back failed: %s); "
+                    "keeping its GPUs reserved until the watch or the reservation TTL settles it",
+                    exc,
+                    read_exc,
+                    extra=ctx(pod=key, node=node, gpu=",".join(map(str, assignment.indices))),
+                )
+            return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
+        if cur.node_name == node and cur.assignment == assignment:
+            return BindOutcome("idempotent", assignment=assignment)
+        self._inventory.forget(pod_uid)
+        return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
 
     @staticmethod
     def _fail(key: str, node: str, message: str, *, cause: str) -> BindOutcome:

@@ -201,7 +201,7 @@ class FilterCache:
     def __init__(self, *, max_classes: int = DEFAULT_MAX_CLASSES) -> None:
         self._max = max_classes
         self._entries: dict[tuple[RequestKeys, bool], _Entry] = {}
-        self._given: Sequence[str] = ()
+        self._given: list[str] = []
         self._names: list[str] = []
         self._index: dict[str, int] = {}
         """The latest candidate list as given, the same without repeated names, and their
@@ -233,8 +233,8 @@ class FilterCache:
         high-priority class is derived from the latest class that differs only in its owner:
         the owner decides only on nodes tagged for one of the two (elsewhere both see the
         same devices), so only those and the changed nodes are re-checked."""
-        if names is not self._given and self._given != names:
-            self._given = names
+        if self._given != names:  # a private copy: the caller may reuse its list
+            self._given = list(names)
             self._index = {}
             for n in names:
                 self._index.setdefault(n, len(self._index))

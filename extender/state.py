@@ -21,8 +21,8 @@ copying a running pod's YAML). Claims are resolved by one rule, per node:
    (it runs; the conflict is logged with both pods and counted);
 2. a claim by a pod not bound there holds its devices only while none of them is held by
    another pod (else it loses its whole claim, logged and counted) and only for
-   ``reservation_ttl_seconds`` after the extender first saw it (a bind in flight or one
-   interrupted between writing the annotation and creating the Binding); after that the
+   ``reservation_ttl_seconds`` after the extender first saw it (a bind in flight, or a claim
+   written by hand or by an older two-step bind); after that the
    claim is released (logged and counted), and the pod may be scheduled afresh.
 
 Neighbours: fed by the watch loops in :mod:`extender.server`; read by
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final
 
+import immutables
 from pydantic import ValidationError
 
 from extender.orchestrator import profile as profiles
@@ -228,12 +229,15 @@ class Inventory:
         """uid → monotonic deadline of each live claim by a pod not bound to its node."""
         self._stale: set[str] = set()
         """Claims of unbound pods past their deadline: released, ignored until they change."""
-        self._views: dict[str, NodeView] = {}
+        self._views: immutables.Map[str, NodeView] = immutables.Map()
+        """The current view of every node: a persistent map (HAMT), so a snapshot shares it
+        and the next version changes a few entries without copying the rest."""
         self._built_from: dict[str, _Node] = {}
         """The ``_Node`` each view was built from (``_Node`` values are replaced, never
         changed, when a GPUNode changes): a view rebuilt from the same one keeps its devices."""
         self._dirty: set[str] = set()
         self._tagged: dict[str, frozenset[str]] = {}
+        """Owner → the nodes whose current view has a device tagged for that owner."""
         self._cached: dict[str, frozenset[str]] = {}
         """Checkpoint id → the nodes whose current view caches it."""
         self._indexes: tuple[Mapping[str, frozenset[str]], Mapping[str, frozenset[str]]] = (
@@ -242,7 +246,6 @@ class Inventory:
         )
         """Read-only copies of ``_tagged`` and ``_cached`` for snapshots, made again only
         when one changes (most snapshots differ in holders only)."""
-        """Owner → the nodes whose current view has a device tagged for that owner."""
         self._generation = 0
         self._version = 0
         self._snapshot: Snapshot | None = None
@@ -661,10 +664,10 @@ class Inventory:
                     taken.setdefault(i, res.uid)
         return taken
 
-    def _build_view(self, n: _Node) -> NodeView:
+    def _build_view(self, n: _Node, current: NodeView | None) -> NodeView:
+        """The view of node ``n``; ``current`` is its view now (reused where nothing differs)."""
         claims = self._claims(n.name)
         taken = self._taken(n.name, claims)
-        current = self._views.get(n.name)
         before: Mapping[str, Holder] = current.holders if current is not None else {}
         holders: dict[str, Holder] = {}
         for uid, indices in claims.items():
@@ -731,21 +734,23 @@ class Inventory:
         if self._snapshot is not None and not self._dirty:
             return self._snapshot
         changed: set[str] = set()
+        moved = False
+        views = self._views.mutate()
         for name in self._dirty:
-            before = self._views.get(name)
+            before = views.get(name)
             n = self._nodes.get(name)
-            view = self._build_view(n) if n is not None else None
+            view = self._build_view(n, before) if n is not None else None
             if n is None:
                 self._built_from.pop(name, None)
             if view is before:
                 continue
             changed.add(name)
             if view is None:
-                del self._views[name]
+                del views[name]
             else:
-                self._views[name] = view
+                views[name] = view
             empty: frozenset[str] = frozenset()
-            moved = _move(
+            moved |= _move(
                 self._tagged,
                 name,
                 before.owners if before is not None else empty,
@@ -757,14 +762,15 @@ class Inventory:
                 before.checkpoints if before is not None else empty,
                 view.checkpoints if view is not None else empty,
             )
-            if moved:
-                self._indexes = (MappingProxyType(dict(self._tagged)), MappingProxyType(dict(self._cached)))
+        if moved:
+            self._indexes = (MappingProxyType(dict(self._tagged)), MappingProxyType(dict(self._cached)))
         self._dirty.clear()
         if self._snapshot is not None and not changed:
             return self._snapshot  # every change cancelled out: the same views
+        self._views = views.finish()
         self._version += 1
         self._changelog.append((self._version, frozenset(changed)))
-        self._snapshot = Snapshot(self._version, MappingProxyType(dict(self._views)), *self._indexes)
+        self._snapshot = Snapshot(self._version, self._views, *self._indexes)
         return self._snapshot
 
     def changed_since(self, version: int) -> set[str] | None:

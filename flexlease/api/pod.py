@@ -325,6 +325,8 @@ class ParsedPods:
     differs in anything gets its own parse, and errors are never cached (each bad pod is
     answered as :func:`parse_pod` answers it). Pods without uid or resourceVersion, or
     whose encoding would not read back equal (non-finite floats), are parsed every time.
+    Pods must be decoded JSON (dicts, lists, strings, numbers, booleans, None), as every
+    caller's are: request bodies, store reads and watch events.
     """
 
     def __init__(self, resource: str = keys.DEFAULT_GPU_RESOURCE, *, size: int = 64) -> None:

@@ -221,6 +221,20 @@ def test_a_name_given_twice_is_answered_once() -> None:
     assert again is result and cache.incremental == 1
 
 
+def test_a_candidate_list_changed_in_place_by_the_caller_is_seen() -> None:
+    inv = cluster(random.Random(2))
+    cache = FilterCache()
+    snap = inv.snapshot()
+    req = parse_pod(PODS[0])
+    names = NAMES[:6]
+    cache.filter(req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since)
+    names[:] = NAMES[6:]
+    result = cache.filter(req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since)
+    reply = json.loads(result.encode())
+    members = [*reply["NodeNames"], *reply["FailedNodes"], *reply["FailedAndUnresolvableNodes"]]
+    assert sorted(members) == sorted(NAMES[6:])
+
+
 def test_node_names_needing_escapes_are_encoded_correctly() -> None:
     inv = cluster(random.Random(2))
     cache = FilterCache()

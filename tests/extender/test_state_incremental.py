@@ -29,7 +29,7 @@ def _fresh_view(inv: Inventory, name: str) -> NodeView | None:
         return None
     inv._built_from.pop(name, None)
     try:
-        return inv._build_view(n)
+        return inv._build_view(n, None)
     finally:
         current = inv._views.get(name)
         if current is not None:
