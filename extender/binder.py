@@ -226,8 +226,7 @@ class Binder:
                 await self._store.get(Kind.POD, req.name, namespace=req.namespace), self._resource
             )
         except FlexleaseError as read_exc:
-            definite = exc.status is not None and 400 <= exc.status < 500
-            if definite:
+            if exc.status is not None and 400 <= exc.status < 500:  # refused: it did not land
                 self._inventory.forget(pod_uid)
             else:
                 log.warning(
@@ -237,10 +236,10 @@ class Binder:
                     read_exc,
                     extra=ctx(pod=key, node=node, gpu=",".join(map(str, assignment.indices))),
                 )
-            return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
-        if cur.node_name == node and cur.assignment == assignment:
-            return BindOutcome("idempotent", assignment=assignment)
-        self._inventory.forget(pod_uid)
+        else:
+            if cur.node_name == node and cur.assignment == assignment:
+                return BindOutcome("idempotent", assignment=assignment)
+            self._inventory.forget(pod_uid)
         return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
 
     @staticmethod

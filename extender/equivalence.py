@@ -52,23 +52,26 @@ class FilterResult:
     blocks: _Blocks
     encoded: bytes | None = None
 
+    def members(self) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        """(``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``): the candidates
+        that pass, in candidate order, and node → reason of those that do not fit now and of
+        those preemption cannot help. New containers, the caller's to change."""
+        return _partition(self.names, self.verdicts)
+
     @property
     def passed(self) -> list[str]:
         """The candidates that pass, in candidate order."""
-        ok = scheduling.PASS
-        return [n for n, v in zip(self.names, self.verdicts, strict=True) if v is ok]
+        return self.members()[0]
 
     @property
     def failed(self) -> dict[str, str]:
         """Node → reason of the candidates that do not fit now (``FailedNodes``)."""
-        code = Code.UNSCHEDULABLE
-        return {n: v.reason for n, v in zip(self.names, self.verdicts, strict=True) if v.code is code}
+        return self.members()[1]
 
     @property
     def unresolvable(self) -> dict[str, str]:
         """Node → reason of the candidates preemption cannot help (``FailedAndUnresolvableNodes``)."""
-        code = Code.UNRESOLVABLE
-        return {n: v.reason for n, v in zip(self.names, self.verdicts, strict=True) if v.code is code}
+        return self.members()[2]
 
     def encode(self) -> bytes:
         """The ``ExtenderFilterResult`` JSON (nodeCacheCapable form; ``NodeNames`` in
@@ -151,7 +154,9 @@ class _Blocks:
         )
 
 
-def _encode_block(names: list[str], verdicts: list[Verdict]) -> tuple[bytes, bytes, bytes]:
+def _partition(names: list[str], verdicts: list[Verdict]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """The passing names, and name → reason of the unschedulable and of the unresolvable
+    ones (the three members of a filter reply), in one pass."""
     ok, unschedulable = scheduling.PASS, Code.UNSCHEDULABLE
     passed: list[str] = []
     failed: dict[str, str] = {}
@@ -163,7 +168,22 @@ def _encode_block(names: list[str], verdicts: list[Verdict]) -> tuple[bytes, byt
             failed[name] = v.reason
         else:
             unresolvable[name] = v.reason
+    return passed, failed, unresolvable
+
+
+def _encode_block(names: list[str], verdicts: list[Verdict]) -> tuple[bytes, bytes, bytes]:
+    """A block's three reply members as JSON without their brackets."""
+    passed, failed, unresolvable = _partition(names, verdicts)
     return orjson.dumps(passed)[1:-1], orjson.dumps(failed)[1:-1], orjson.dumps(unresolvable)[1:-1]
+
+
+def _either(index: Mapping[str, AbstractSet[str]], a: str | None, b: str | None) -> AbstractSet[str]:
+    """The nodes ``index`` lists under key ``a`` or key ``b`` (None: no key), e.g. the nodes
+    tagged for either of two owners, or caching either of two checkpoints."""
+    empty: frozenset[str] = frozenset()
+    return (index.get(a, empty) if a is not None else empty) | (
+        index.get(b, empty) if b is not None else empty
+    )
 
 
 _QUOTED: dict[str, str] = {}
@@ -308,8 +328,7 @@ class FilterCache:
             return None
 
         assert sibling_key is not None
-        empty: frozenset[str] = frozenset()
-        owners_nodes = tagged.get(req.owner, empty) | tagged.get(sibling_key[0].exact.owner or "", empty)
+        owners_nodes = _either(tagged, req.owner, sibling_key[0].exact.owner)
 
         def widened(since: int) -> set[str] | None:
             changed = changed_since(since)
@@ -516,13 +535,12 @@ class PriorityCache:
         changed = changed_since(sibling.version)
         if changed is None:
             return None
-        empty: frozenset[str] = frozenset()
         owner, other = class_key[0].exact.owner, sibling_key[0].exact.owner
         if owner != other:
-            changed |= tagged.get(owner or "", empty) | tagged.get(other or "", empty)
+            changed |= _either(tagged, owner, other)
         ckpt, other_ckpt = class_key[2], sibling_key[2]
         if ckpt != other_ckpt:
-            changed |= cached.get(ckpt or "", empty) | cached.get(other_ckpt or "", empty)
+            changed |= _either(cached, ckpt, other_ckpt)
         entry = _Scores(dict(sibling.by_name), sibling.version)
         entry.drop(changed)
         self.derived += 1

@@ -360,18 +360,14 @@ async def filter_verb(request: web.Request) -> web.Response:
         counts[ck] = counts.get(ck, 0) + n
     request.app[METRICS].count_decisions("filter", counts)
     if log.isEnabledFor(logging.DEBUG):
+        passed, failed, unresolvable = result.members()
         log.debug(
             "filter",
-            extra=ctx(
-                pod=req.key,
-                passed=len(result.passed),
-                failed=len(result.failed),
-                unresolvable=len(result.unresolvable),
-            ),
+            extra=ctx(pod=req.key, passed=len(passed), failed=len(failed), unresolvable=len(unresolvable)),
         )
     own = _own_claims(req, snap.nodes, names, inv)
     if own:  # the pod's own claim (an interrupted bind of it) never stands in its way
-        passed, failed, unresolvable = list(result.passed), dict(result.failed), dict(result.unresolvable)
+        passed, failed, unresolvable = result.members()
         for name, view in own.items():
             if view.standby or scheduling.check_node(req, view) is not scheduling.PASS:
                 continue
@@ -380,7 +376,7 @@ async def filter_verb(request: web.Request) -> web.Response:
         keep = set(passed)
         return _json(_filter_reply(args, [n for n in names if n in keep], failed, unresolvable))
     if args.node_names is None and args.nodes is not None:
-        return _json(_filter_reply(args, result.passed, result.failed, result.unresolvable))
+        return _json(_filter_reply(args, *result.members()))
     return web.Response(body=result.encode(), content_type="application/json")
 
 
