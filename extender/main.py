@@ -88,6 +88,7 @@ async def serve(
     registry: CollectorRegistry | None = None,
     extra_contexts: Sequence[CleanupContext] = (),
     on_listening: Callable[[list[str]], None] | None = None,
+    on_server: Callable[[web.Server], None] | None = None,
     leader: LeaderCheck | None = None,
     inventory: Inventory | None = None,
 ) -> None:
@@ -95,7 +96,10 @@ async def serve(
 
     ``on_listening`` receives the listening URLs (``http(s)://host:port``; port 0 in the
     settings picks a free one) once the socket is bound; with ``extender.metrics_port``, the
-    probe listener's URL comes last. ``inventory``: see :func:`extender.server.create_app`.
+    probe listener's URL comes last. ``on_server`` receives, just before, the app's
+    ``aiohttp.web.Server``: the protocol factory behind the listener, for a caller in the same
+    process that connects without a socket (:mod:`flexlease.pipe`; the simulator). ``inventory``:
+    see :func:`extender.server.create_app`.
     Does not close ``store``. Raises :class:`extender.tls.InsecureListener` without a
     certificate unless ``extender.insecure_http``, ``OSError``/``ssl.SSLError`` when the PEM
     files do not load.
@@ -121,6 +125,8 @@ async def serve(
             await web.TCPSite(probe_runner, ext.host, ext.metrics_port).start()
             urls += [f"http://{addr[0]}:{addr[1]}" for addr in probe_runner.addresses]
         log.info("extender listening", extra=ctx(urls=urls, mutual_tls=ext.tls_client_ca_file is not None))
+        if on_server is not None and runner.server is not None:  # set up above
+            on_server(runner.server)
         if on_listening is not None:
             on_listening(urls)
         if reloader is None:

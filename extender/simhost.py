@@ -1,4 +1,4 @@
-"""The extender hosted inside a simulation: the real app on loopback HTTP, on a virtual clock.
+"""The extender hosted inside a simulation: the real app over HTTP, on a virtual clock.
 
 :func:`hosted` serves exactly what ``flexlease-extender`` serves (:func:`extender.main.serve`
 with :func:`extender.server.create_app` and the lease controller's cleanup context) over an
@@ -6,7 +6,10 @@ in-process :class:`~flexlease.store.memory.MemoryStore`, on ``127.0.0.1`` and a 
 with every timer on the simulation's :class:`~flexlease.clock.ManualClock`: the lease
 controller's grace periods, back-offs and resyncs, and the inventory's reservation TTL. The
 simulator (:mod:`flexlease.sim`, which may not import this package and loads this module by
-name) speaks the kube-scheduler wire format to it and calls :meth:`HostedExtender.settle`
+name) speaks the kube-scheduler wire format to it, over connections that
+:meth:`HostedExtender.connect` opens to the same aiohttp server in the same event loop
+(:mod:`flexlease.pipe`: the HTTP bytes without the loopback socket), and calls
+:meth:`HostedExtender.settle`
 before it moves time or asks anything: the store's watches have delivered every change and
 the controller's work queue is empty, so each step starts from one well-defined state and a
 run is reproducible.
@@ -29,6 +32,7 @@ from extender import main as extender_main
 from extender.lease import controller as lease_controller
 from extender.orchestrator import profile as profiles
 from extender.state import Inventory
+from flexlease import pipe
 from flexlease.clock import ManualClock
 from flexlease.config import Settings
 from flexlease.errors import FlexleaseError
@@ -59,6 +63,14 @@ class HostedExtender:
     url: str
     _store: MemoryStore
     _controller: Callable[[], lease_controller.LeaseController | None]
+    _server: web.Server
+
+    async def connect(self, protocol: Callable[[], asyncio.Protocol]) -> asyncio.BaseTransport:
+        """A connection from ``protocol()`` to the extender's HTTP server through an
+        in-process pipe (:func:`flexlease.pipe.connect`); returns the client's end, the
+        protocol made. The server handles it as one accepted on its listener."""
+        end, _, _ = pipe.connect(asyncio.get_running_loop(), protocol, self._server)
+        return end
 
     @property
     def quiet(self) -> bool:
@@ -132,6 +144,7 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
         keep_controller,
     ]
     listening: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+    servers: list[web.Server] = []
     stop = asyncio.Event()
     serving = asyncio.create_task(
         extender_main.serve(
@@ -141,6 +154,7 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
             registry=registry,
             extra_contexts=contexts,
             on_listening=listening.set_result,
+            on_server=servers.append,
             inventory=inventory,
         ),
         name="simulated-extender",
@@ -151,7 +165,7 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
         if serving in done:
             serving.result()  # raises what stopped it
             raise NotQuiescent("the extender stopped before it listened")
-        host = HostedExtender(listening.result()[0], store, lambda: holder.get("controller"))
+        host = HostedExtender(listening.result()[0], store, lambda: holder.get("controller"), servers[0])
         for _ in range(MAX_SETTLE_ROUNDS):
             controller = holder.get("controller")
             if inventory.ready and (controller is None or controller.ready):

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from flexlease.api import keys, wire
 from flexlease.errors import FlexleaseError
-from flexlease.sim.http1 import Http1Client, HttpError
+from flexlease.sim.http1 import Connect, Http1Client, HttpError
 
 DEFAULT_TIMEOUT_SECONDS: Final = 5.0
 """kube-scheduler's default extender ``httpTimeout``."""
@@ -140,11 +140,13 @@ def _text(raw: bytes) -> str:
 
 class ExtenderClient:
     """Calls one extender at ``base_url`` (``http://127.0.0.1:<port>``) over kept-alive
-    HTTP/1.1 connections (:class:`~flexlease.sim.http1.Http1Client`). Use as an async
-    context manager, or call :meth:`close`."""
+    HTTP/1.1 connections (:class:`~flexlease.sim.http1.Http1Client`), opened by ``connect``
+    (default: TCP to ``base_url``). Use as an async context manager, or call :meth:`close`."""
 
-    def __init__(self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
-        self._http = Http1Client(base_url.rstrip("/"))
+    def __init__(
+        self, base_url: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS, connect: Connect | None = None
+    ) -> None:
+        self._http = Http1Client(base_url.rstrip("/"), connect=connect)
         self._timeout = timeout
         self.stats = CallStats()
 

@@ -17,6 +17,7 @@ connection closed before any answer is sent once more (:data:`REPLAYABLE_METHODS
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, cast
 from urllib.parse import urlsplit
@@ -35,6 +36,12 @@ _TOKEN_CHARS: Final = frozenset(
     b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 )
 """The characters of an RFC 9110 §5.6.2 token (a method is one)."""
+
+
+Connect = Callable[[Callable[[], asyncio.Protocol]], Awaitable[asyncio.BaseTransport]]
+"""Opens one connection for a protocol factory and returns its transport, the protocol made
+(``loop.create_connection`` to the client's host and port by default, or an in-process
+:mod:`flexlease.pipe` to a server in the same event loop)."""
 
 
 class HttpError(FlexleaseError):
@@ -225,15 +232,18 @@ class _Connection(asyncio.Protocol):
 
 class Http1Client:
     """Requests to one ``http://host:port`` server over kept-alive connections (one per
-    request under way; idle ones are reused). Use as an async context manager or call
-    :meth:`close`. Raises ``ValueError`` for a URL that is not ``http://host[:port]``."""
+    request under way; idle ones are reused). ``connect`` opens a connection (default: TCP to
+    that host and port); the URL still names the server in each request's ``Host``. Use as an
+    async context manager or call :meth:`close`. Raises ``ValueError`` for a URL that is not
+    ``http://host[:port]``."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, connect: Connect | None = None) -> None:
         url = urlsplit(base_url)
         if url.scheme != "http" or not url.hostname or url.path.strip("/") or url.query:
             raise ValueError(f"not an http://host[:port] URL: {base_url!r}")
         self._host = url.hostname
         self._port = url.port or 80
+        self._connect = connect or self._connect_tcp
         self._authority = url.netloc.encode("idna").decode("ascii")
         self._idle: list[_Connection] = []
         self._closed = False
@@ -297,7 +307,11 @@ class Http1Client:
             conn = self._idle.pop()
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 return conn, True
-        loop = asyncio.get_running_loop()
-        transport, conn = await loop.create_connection(_Connection, self._host, self._port)
-        conn.transport = transport  # uvloop may call connection_made only later
+        conn = _Connection()
+        transport = await self._connect(lambda: conn)
+        conn.transport = cast(asyncio.Transport, transport)  # uvloop may call connection_made only later
         return conn, False
+
+    async def _connect_tcp(self, protocol: Callable[[], asyncio.Protocol]) -> asyncio.BaseTransport:
+        transport, _ = await asyncio.get_running_loop().create_connection(protocol, self._host, self._port)
+        return transport

@@ -55,6 +55,8 @@ class Hosted(Protocol):
 
     url: str
 
+    async def connect(self, protocol: Callable[[], asyncio.Protocol]) -> asyncio.BaseTransport: ...
+
     async def settle(self) -> int: ...
 
     def paused(self) -> contextlib.AbstractAsyncContextManager[None]: ...
@@ -114,7 +116,7 @@ async def run_policy(
     try:
         async with (
             factory(sim_settings(scenario, policy), store, clock) as ext,
-            ExtenderClient(ext.url) as client,
+            ExtenderClient(ext.url, connect=ext.connect) as client,
         ):
             sim = driver.Simulation(
                 scenario,

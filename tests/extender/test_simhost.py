@@ -1,17 +1,21 @@
-"""extender.simhost: the real extender app served in-process on loopback HTTP, on a manual
-clock, with a quiescence check that sees store changes in flight and controller work."""
+"""extender.simhost: the real extender app served in-process on loopback HTTP (and through
+in-process pipes to the same server), on a manual clock, with a quiescence check that sees
+store changes in flight and controller work."""
 
 from __future__ import annotations
 
 import gc
+import re
 
 import aiohttp
+import orjson
 
 from extender import simhost
 from flexlease.api.resources import LeaseAction, Pool
 from flexlease.clock import ManualClock
 from flexlease.config import LeaseSettings, Settings, StoreSettings
 from flexlease.sim import objects
+from flexlease.sim.http1 import Http1Client
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 
@@ -50,3 +54,37 @@ async def test_hosted_extender_serves_http_and_settles_on_the_virtual_clock() ->
     finally:
         await store.close()
     assert gc.get_threshold()[:2] != (simhost.SIM_GEN0_THRESHOLD, simhost.SIM_GEN1_THRESHOLD)
+
+
+async def test_connect_reaches_the_same_server_as_the_loopback_url() -> None:
+    clock = ManualClock(1_800_000_000.0)
+    store = MemoryStore(clock=clock)
+    settings = Settings(store=StoreSettings(kind="memory"), lease=LeaseSettings(enabled=False))
+    pod = objects.pod("lp-1", "tenants", gpus=1, priority="low", owner="lp-1")
+    body = orjson.dumps({"Pod": pod, "NodeNames": ["gpu-000", "gpu-001"]})
+    try:
+        await store.create(Kind.GPUNODE, objects.gpunode("gpu-000", pool=Pool.GENERAL))
+        async with (
+            simhost.hosted(settings, store, clock) as host,
+            aiohttp.ClientSession() as session,
+            Http1Client(host.url, connect=host.connect) as piped,
+        ):
+            async with session.post(f"{host.url}/filter", data=body) as resp:
+                over_tcp = (resp.status, await resp.read())
+            through_pipe = await piped.request("POST", "/filter", body, limit_s=5)
+            assert (through_pipe.status, through_pipe.body) == over_tcp
+            reply = orjson.loads(through_pipe.body)
+            assert reply["NodeNames"] == [] and set(reply["FailedAndUnresolvableNodes"]) == {
+                "gpu-000",
+                "gpu-001",
+            }
+            assert (
+                "reports no GPUs" in reply["FailedAndUnresolvableNodes"]["gpu-000"]
+            )  # its status not yet patched
+            metrics = await piped.request("GET", "/metrics", limit_s=5)  # the same app: its counters
+            assert re.search(
+                rb"flexlease_extender_request_duration_seconds_count\{[^}]*verb=\"filter\"[^}]*\} 2\.0",
+                metrics.body,
+            )
+    finally:
+        await store.close()
