@@ -170,18 +170,18 @@ class Admission:
             return Refusal(NODE_UNKNOWN, f"cannot check that node {node} exists: {exc}")
         return None
 
-    def middleware(self) -> Middleware:
+    def middleware(self) -> Middleware | None:
         """With ``extender.tls_client_names``: a middleware answering 403 unless the verified
-        client certificate carries one of them (subject CN, DNS or URI SAN); without, one that
-        passes every request on."""
+        client certificate carries one of them (subject CN, DNS or URI SAN); without, None
+        (every request passes: no layer to go through)."""
         allowed = frozenset(self._settings.tls_client_names)
+        if not allowed:
+            return None
 
         @web.middleware
         async def client_names(
             request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
         ) -> web.StreamResponse:
-            if not allowed:
-                return await handler(request)
             names = tls.client_names(tls.peer_certificate(request))
             if allowed.intersection(names):
                 return await handler(request)

@@ -79,6 +79,8 @@ class ExtenderMetrics:
             ["verb", "reason"],
             registry=registry,
         )
+        self._request_children: dict[tuple[str, int], Any] = {}
+        """``request_seconds`` children by verb and status code."""
         for verb in VERBS:
             self.request_seconds.labels(verb, "200")
         for outcome, cause in (
@@ -88,6 +90,13 @@ class ExtenderMetrics:
         ):
             self.decisions.labels("filter", outcome, cause.value)
         registry.register(InventoryCollector(inventory))
+
+    def observe_request(self, verb: str, status: int, seconds: float) -> None:
+        """Observe one ``verb`` request answered with HTTP ``status`` after ``seconds``."""
+        child = self._request_children.get((verb, status))
+        if child is None:  # labels() per call costs more than the observation itself
+            child = self._request_children[(verb, status)] = self.request_seconds.labels(verb, str(status))
+        child.observe(seconds)
 
     def count_decisions(self, verb: str, counts: dict[tuple[str, str], int]) -> None:
         """Add ``{(outcome, cause): n}`` to ``decisions_total`` for ``verb``."""

@@ -76,6 +76,7 @@ from flexlease.errors import Conflict, NotFound, PodSpecError, TooManyRequests
 from flexlease.logging import ctx
 from flexlease.store.base import EventType as WatchType
 from flexlease.store.base import JsonObj, Kind, Store
+from flexlease.store.informer import object_key
 from flexlease.store.leader import ElectionConfig, LeaderElector
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,10 @@ class LeaseController:
         """lease key → pod key → message of the last PodDisruptionBudget refusal."""
         self._parsed_nodes: dict[str, tuple[str, GPUNode | None]] = {}
         self._parsed_pods: dict[str, tuple[str, Holder | None, str | None]] = {}
+        self._cost_due: set[tuple[str, str]] = set()
+        """(namespace, name) of the mirrored pods that need the highest deletion cost
+        (:func:`~extender.lease.deletion_cost.needs_cost`), kept up to date as the pod mirror
+        changes, so :meth:`_protect_critical` reads those pods, not every pod."""
         self._parsed_lease_cache: dict[str, tuple[str, GPULease | None]] = {}
         self._cluster = IncrementalView()
         self._open_leases: tuple[int, list[str]] | None = None
@@ -238,10 +243,28 @@ class LeaseController:
         self._enqueue_world()
 
     def _pod_changed(self, type: WatchType, obj: JsonObj) -> None:
-        if keys.ANN_ASSIGNED_GPUS in (_meta(obj).get("annotations") or {}):
+        meta = _meta(obj)
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        due = self._note_cost(key)
+        if keys.ANN_ASSIGNED_GPUS in (meta.get("annotations") or {}):
             self._enqueue_world()
-        elif type is not WatchType.DELETED and deletion_cost.needs_cost(obj, self._critical):
+        elif due:
             self._queue.add(CLUSTER_KEY)
+
+    def _put_pod(self, obj: JsonObj) -> None:
+        """Remember the pod ``obj`` one of the controller's own calls returned (:meth:`Mirror.put`)."""
+        self._pods.put(obj)
+        self._note_cost(object_key(obj))
+
+    def _note_cost(self, key: tuple[str, str]) -> bool:
+        """Keep :attr:`_cost_due` right for the pod ``key`` (namespace, name) as the mirror has
+        it now; True when it needs the highest deletion cost."""
+        pod = self._pods.current(key[0], key[1])
+        if pod is not None and deletion_cost.needs_cost(pod, self._critical):
+            self._cost_due.add(key)
+            return True
+        self._cost_due.discard(key)
+        return False
 
     def _enqueue_world(self) -> None:
         self._queue.add(CLUSTER_KEY)
@@ -548,7 +571,7 @@ class LeaseController:
                         fresh = await self._store.get(Kind.POD, pod.name, namespace=pod.namespace)
                     except NotFound:
                         break
-                    self._pods.put(fresh)
+                    self._put_pod(fresh)
                     if keys.ANN_PREEMPT_DEADLINE in (_meta(fresh).get("annotations") or {}):
                         break  # noticed meanwhile
                     version = _meta(fresh).get("resourceVersion")
@@ -561,7 +584,7 @@ class LeaseController:
                     break
                 except Conflict:
                     continue
-                self._pods.put(new)
+                self._put_pod(new)
                 self.metrics.notices.inc()
                 gpus = ",".join(str(d) for d in notice.devices)
                 message = (
@@ -664,7 +687,8 @@ class LeaseController:
         """Give critical ReplicaSet pods the highest ``pod-deletion-cost``
         (:mod:`extender.lease.deletion_cost`). A pod that changed or vanished meanwhile is
         left to its next watch event."""
-        for patch in deletion_cost.plan_costs(self._pods.values(), self._critical):
+        due = [self._pods.current(namespace, name) for namespace, name in self._cost_due]
+        for patch in deletion_cost.plan_costs((pod for pod in due if pod is not None), self._critical):
             try:
                 new = await self._store.patch(
                     Kind.POD,
@@ -675,7 +699,7 @@ class LeaseController:
                 )
             except (Conflict, NotFound):
                 continue
-            self._pods.put(new)
+            self._put_pod(new)
             log.info(
                 "critical pod: highest deletion cost",
                 extra=ctx(

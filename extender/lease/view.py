@@ -309,6 +309,8 @@ class IncrementalView:
         self._node_changed: set[str] = set()
         """Dirty nodes whose GPUNode changed (the others keep every device but the holders)."""
         self._view: ClusterView | None = None
+        self._node_maps: tuple[dict[str, Pool], dict[str, str]] | None = None
+        """The views' ``pools`` and ``node_versions``, kept until a GPUNode changes."""
 
     def set_node(self, name: str, node: GPUNode | None) -> None:
         """The GPUNode ``name`` as it is now (None: gone or unreadable)."""
@@ -322,6 +324,7 @@ class IncrementalView:
         self._dirty.add(name)
         self._node_changed.add(name)
         self._view = None
+        self._node_maps = None
 
     def set_pod(self, key: str, holder: Holder | None, *, problem: str | None = None) -> None:
         """The pod ``key`` (``<namespace>/<name>``) as it is now: the GPUs it holds (None:
@@ -391,11 +394,17 @@ class IncrementalView:
         problems.extend(self._clashes())
         for name in sorted(self._node_problems):
             problems.extend(self._node_problems[name])
-        names = sorted(self._nodes)
+        if self._node_maps is None:  # a GPUNode changed: the views no longer share these
+            names = sorted(self._nodes)
+            self._node_maps = (
+                {n: self._nodes[n].spec.pool for n in names},
+                {n: self._nodes[n].metadata.resource_version or "" for n in names},
+            )
+        pools, node_versions = self._node_maps
         self._view = ClusterView(
             gpus=dict(self._gpus),
-            pools={n: self._nodes[n].spec.pool for n in names},
-            node_versions={n: self._nodes[n].metadata.resource_version or "" for n in names},
+            pools=pools,
+            node_versions=node_versions,
             holders=dict(holders),
             problems=tuple(problems),
             by_node=dict(self._by_node),

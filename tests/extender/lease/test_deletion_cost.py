@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,3 +71,39 @@ async def test_the_lease_controller_writes_the_cost_on_critical_replicaset_pods(
             await eventually(head_costs_most)
     finally:
         await store.close()
+
+
+async def test_pods_listed_before_the_start_or_made_critical_later_get_the_cost_and_only_they() -> None:
+    store = MemoryStore()
+    clock = ManualClock(datetime.now(UTC).replace(microsecond=0))
+    await add_pod(store, rs_pod("early-head", "head"))  # there before the controller lists
+
+    async def cost(name: str) -> str | None:
+        obj = await store.get(Kind.POD, name, namespace="lp")
+        value: str | None = obj["metadata"]["annotations"].get(ANN_POD_DELETION_COST)
+        return value
+
+    try:
+        async with running(store, clock) as (controller, _):
+            await eventually(lambda: _is(cost("early-head"), CRITICAL_DELETION_COST))
+            await add_pod(store, rs_pod("promoted", "worker"))
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert await cost("promoted") is None  # a worker: left alone
+            await store.patch(
+                Kind.POD, "promoted", {"metadata": {"labels": {keys.LABEL_ROLE: "head"}}}, namespace="lp"
+            )
+            await eventually(lambda: _is(cost("promoted"), CRITICAL_DELETION_COST))
+            await store.delete(Kind.POD, "early-head", namespace="lp")
+            await store.delete(Kind.POD, "promoted", namespace="lp")
+            await eventually(lambda: _true(not controller._cost_due))  # nothing left to look at
+    finally:
+        await store.close()
+
+
+async def _is(value: Awaitable[str | None], expected: str) -> bool:
+    return await value == expected
+
+
+async def _true(value: bool) -> bool:
+    return value
