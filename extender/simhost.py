@@ -64,11 +64,17 @@ class HostedExtender:
     _store: MemoryStore
     _controller: Callable[[], lease_controller.LeaseController | None]
     _server: web.Server
+    stopped: bool = False
+    """Set once :func:`hosted` is leaving: new connections are refused."""
 
     async def connect(self, protocol: Callable[[], asyncio.Protocol]) -> asyncio.BaseTransport:
         """A connection from ``protocol()`` to the extender's HTTP server through an
         in-process pipe (:func:`flexlease.pipe.connect`); returns the client's end, the
-        protocol made. The server handles it as one accepted on its listener."""
+        protocol made. The server handles it as one accepted on its listener. Raises
+        ``ConnectionRefusedError`` once the hosted extender is stopping, as its closed
+        listener would."""
+        if self.stopped:
+            raise ConnectionRefusedError("the hosted extender has stopped")
         end, _, _ = pipe.connect(asyncio.get_running_loop(), protocol, self._server)
         return end
 
@@ -159,6 +165,7 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
         ),
         name="simulated-extender",
     )
+    host: HostedExtender | None = None
     try:
         waiting: set[asyncio.Future[Any]] = {listening, serving}
         done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -177,6 +184,8 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
         with collector_policy():
             yield host
     finally:
+        if host is not None:
+            host.stopped = True
         stop.set()
         await serving
 

@@ -15,8 +15,12 @@ What a socket does and these transports do too:
 * :meth:`PipeTransport.close` (and :meth:`~PipeTransport.abort`) delivers what was written
   before it, then the peer's ``eof_received``; unless that returns true (half-open), the
   peer's end closes too, and each protocol gets ``connection_lost(None)`` once;
-* :meth:`~PipeTransport.pause_reading` holds incoming bytes until
-  :meth:`~PipeTransport.resume_reading`;
+* :meth:`~PipeTransport.pause_reading` holds incoming bytes (and end of file) until
+  :meth:`~PipeTransport.resume_reading`, then delivers them in order;
+* once an end is closed it reads nothing more; an exception raised by a protocol's
+  ``data_received`` or ``eof_received`` goes to the loop's exception handler and closes that
+  end (``connection_lost(exc)``), the other end getting end of file, as asyncio's socket
+  transports treat it;
 * a write after close is dropped (the bytes have nowhere to go), as asyncio's socket
   transports drop them after the connection is lost.
 
@@ -51,7 +55,9 @@ class PipeTransport(asyncio.Transport):
         self._eof = False
         self._paused = False
         self._held: list[bytes] = []
-        """Bytes received while reading was paused, in order."""
+        """Bytes received while reading was paused (and after, until delivered), in order."""
+        self._flushing = False
+        """A delivery of the held bytes is scheduled."""
 
     # -- what the protocol on this end calls -------------------------------------------------
 
@@ -103,50 +109,83 @@ class PipeTransport(asyncio.Transport):
         if not self._paused:
             return
         self._paused = False
-        held, self._held = self._held, []
-        for data in held:
-            self._loop.call_soon(self._receive, data)
-        if self._eof:
-            self._loop.call_soon(self._receive_eof)
+        if (self._held or self._eof) and not self._flushing:
+            self._flushing = True
+            self._loop.call_soon(self._flush)
 
     def close(self) -> None:
         """Close this end: the other end gets what was written so far, then its end of file."""
-        if self._closing:
-            return
-        self._closing = True
-        peer = self._peer
-        if peer is not None:
-            self._loop.call_soon(peer._receive_eof)
-        self._loop.call_soon(self._connection_lost)
+        self._close(None)
 
     def abort(self) -> None:
         """As :meth:`close`: nothing is ever buffered, so nothing is discarded."""
-        self.close()
+        self._close(None)
 
     # -- what the other end calls ------------------------------------------------------------
 
     def _receive(self, data: bytes) -> None:
-        if self._lost:
-            return
-        if self._paused:
+        if self._closing:
+            return  # closed here: nothing more is read, as a socket transport stops reading
+        if self._paused or self._held:  # behind what is held, in order
             self._held.append(data)
             return
-        self._protocol.data_received(data)
+        self._deliver(data)
 
     def _receive_eof(self) -> None:
-        if self._lost:
+        if self._closing:
             return
         if self._paused or self._held:
-            self._eof = True  # delivered after the held bytes, on resume_reading
+            self._eof = True  # after the held bytes, once reading resumes
             return
+        self._deliver_eof()
+
+    # -- this end ------------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        """Deliver the bytes held while reading was paused, then a held end of file, unless
+        reading is paused again or the end closes meanwhile (the rest waits)."""
+        self._flushing = False
+        while self._held and not self._paused and not self._closing:
+            self._deliver(self._held.pop(0))
+        if self._eof and not self._held and not self._paused and not self._closing:
+            self._deliver_eof()
+
+    def _deliver(self, data: bytes) -> None:
+        try:
+            self._protocol.data_received(data)
+        except Exception as exc:  # as asyncio's socket transports: fatal for the connection
+            self._fatal(exc, "data_received")
+
+    def _deliver_eof(self) -> None:
         self._eof = False
-        if not self._protocol.eof_received():
+        try:
+            keep_open = self._protocol.eof_received()
+        except Exception as exc:
+            self._fatal(exc, "eof_received")
+            return
+        if not keep_open:
             self.close()
 
-    def _connection_lost(self) -> None:
+    def _fatal(self, exc: Exception, where: str) -> None:
+        self._loop.call_exception_handler(
+            {"message": f"pipe transport: {where} raised", "exception": exc, "transport": self}
+        )
+        self._close(exc)
+
+    def _close(self, exc: Exception | None) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._held.clear()
+        peer = self._peer
+        if peer is not None:
+            self._loop.call_soon(peer._receive_eof)
+        self._loop.call_soon(self._connection_lost, exc)
+
+    def _connection_lost(self, exc: Exception | None) -> None:
         if not self._lost:
             self._lost = True
-            self._protocol.connection_lost(None)
+            self._protocol.connection_lost(exc)
 
 
 def connect(

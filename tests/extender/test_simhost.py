@@ -9,13 +9,14 @@ import re
 
 import aiohttp
 import orjson
+import pytest
 
 from extender import simhost
 from flexlease.api.resources import LeaseAction, Pool
 from flexlease.clock import ManualClock
 from flexlease.config import LeaseSettings, Settings, StoreSettings
 from flexlease.sim import objects
-from flexlease.sim.http1 import Http1Client
+from flexlease.sim.http1 import Http1Client, HttpError
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 
@@ -86,5 +87,7 @@ async def test_connect_reaches_the_same_server_as_the_loopback_url() -> None:
                 rb"flexlease_extender_request_duration_seconds_count\{[^}]*verb=\"filter\"[^}]*\} 2\.0",
                 metrics.body,
             )
+        with pytest.raises(HttpError, match="stopped"):  # the pipe's listener is closed too
+            await Http1Client(host.url, connect=host.connect).request("GET", "/readyz", limit_s=5)
     finally:
         await store.close()

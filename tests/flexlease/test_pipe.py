@@ -104,6 +104,57 @@ async def test_paused_reading_holds_bytes_and_eof_until_resumed() -> None:
     assert server.events == [("made", None), ("data", b"a"), ("data", b"b"), ("eof", None), ("lost", None)]
 
 
+async def test_bytes_written_while_held_bytes_wait_for_the_flush_stay_in_order() -> None:
+    loop = asyncio.get_running_loop()
+    end, _, server = pipe.connect(loop, Recorder, Recorder)
+    assert isinstance(server.transport, pipe.PipeTransport)
+    server.transport.pause_reading()
+    end.write(b"A")
+    await _turns()
+    end.write(b"B")  # queued for delivery before the flush that resume schedules
+    server.transport.resume_reading()
+    end.write(b"C")
+    await _turns()
+    assert [d for kind, d in server.events if kind == "data"] == [b"A", b"B", b"C"]
+
+
+async def test_end_of_file_is_delivered_once_across_pauses() -> None:
+    loop = asyncio.get_running_loop()
+    end, _, server = pipe.connect(loop, Recorder, lambda: Recorder(keep_open=True))
+    assert isinstance(server.transport, pipe.PipeTransport)
+    server.transport.pause_reading()
+    end.close()
+    await _turns()
+    server.transport.resume_reading()
+    server.transport.pause_reading()
+    server.transport.resume_reading()
+    await _turns()
+    assert [kind for kind, _ in server.events].count("eof") == 1
+
+
+class Exploding(Recorder):
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        raise RuntimeError("protocol bug")
+
+
+async def test_a_protocol_that_raises_loses_its_connection_and_the_peer_gets_eof() -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        end, client, server = pipe.connect(loop, Recorder, Exploding)
+        end.write(b"boom")
+        end.write(b"never read")  # the server's end is closed by then: nothing more is read
+        await _turns()
+    finally:
+        loop.set_exception_handler(None)
+    assert [kind for kind, _ in server.events] == ["made", "data", "lost"]
+    assert isinstance(server.events[-1][1], RuntimeError)
+    assert client.events == [("made", None), ("eof", None), ("lost", None)]
+    assert len(reported) == 1 and isinstance(reported[0]["exception"], RuntimeError)
+
+
 async def test_aiohttp_serves_the_http1_client_through_a_pipe() -> None:
     peers: list[Any] = []
 

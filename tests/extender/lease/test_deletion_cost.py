@@ -13,6 +13,7 @@ from extender.lease.deletion_cost import ANN_POD_DELETION_COST, CRITICAL_DELETIO
 from extender.orchestrator import profile as profiles
 from flexlease.api import keys
 from flexlease.clock import ManualClock
+from flexlease.store import graceful
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 from tests.extender.lease.builders import pod
@@ -93,6 +94,10 @@ async def test_pods_listed_before_the_start_or_made_critical_later_get_the_cost_
             await store.patch(
                 Kind.POD, "promoted", {"metadata": {"labels": {keys.LABEL_ROLE: "head"}}}, namespace="lp"
             )
+            await eventually(lambda: _is(cost("promoted"), CRITICAL_DELETION_COST))
+            await store.delete(Kind.POD, "promoted", namespace="lp")
+            await graceful.confirm_pod_deletion(store, "lp", "promoted")  # as its kubelet would
+            await add_pod(store, rs_pod("promoted", "head"))  # the same name again, a new uid
             await eventually(lambda: _is(cost("promoted"), CRITICAL_DELETION_COST))
             await store.delete(Kind.POD, "early-head", namespace="lp")
             await store.delete(Kind.POD, "promoted", namespace="lp")
