@@ -243,10 +243,8 @@ class LeaseController:
         self._enqueue_world()
 
     def _pod_changed(self, type: WatchType, obj: JsonObj) -> None:
-        meta = _meta(obj)
-        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-        due = self._note_cost(key)
-        if keys.ANN_ASSIGNED_GPUS in (meta.get("annotations") or {}):
+        due = self._note_cost(object_key(obj))
+        if keys.ANN_ASSIGNED_GPUS in (_meta(obj).get("annotations") or {}):
             self._enqueue_world()
         elif due:
             self._queue.add(CLUSTER_KEY)
