@@ -38,8 +38,9 @@ SETTLE_YIELDS = 20
 def format_time(when: datetime) -> str:
     """An aware datetime as Kubernetes writes ``metav1.Time``: RFC 3339 in UTC, whole seconds,
     ``Z`` suffix (``2026-01-02T15:04:05Z``). A naive datetime is taken as local time
-    (``datetime.astimezone``)."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (``datetime.astimezone``). Years below 1000 keep four digits (``0999-…``), as RFC 3339
+    requires."""
+    return when.astimezone(UTC).replace(microsecond=0, tzinfo=None).isoformat() + "Z"
 
 
 @runtime_checkable

@@ -7,6 +7,7 @@ and bind of one cycle share one :class:`GpuRequest`. Pure; no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
 from dataclasses import dataclass
@@ -34,21 +35,27 @@ class Assignment:
     """The GPUs a pod holds: one node and device indices, from ``flexlease.io/assigned-gpus``.
 
     Wire format ``<node>:<idx>,<idx>`` (node names cannot contain ``:``), e.g. ``gpu-7:0,3``.
+    ``devices`` is ``(node, index)`` for each index, in order (computed once).
     """
 
     node: str
     indices: tuple[int, ...]
+    devices: tuple[DeviceKey, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
-    @property
-    def devices(self) -> tuple[DeviceKey, ...]:
-        return tuple(DeviceKey(self.node, i) for i in self.indices)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(DeviceKey(self.node, i) for i in self.indices))
 
     def format(self) -> str:
         return f"{self.node}:{','.join(str(i) for i in self.indices)}"
 
     @classmethod
     def parse(cls, value: str) -> Assignment:
-        """Parse ``<node>:<idx>[,<idx>...]``. Raises :class:`PodSpecError` when malformed."""
+        """Parse ``<node>:<idx>[,<idx>...]``. Raises :class:`PodSpecError` when malformed.
+        The same text gives the same (immutable) object while it is among the last
+        :data:`_ASSIGNMENT_MEMO` texts parsed: every watcher of a pod reads its annotation."""
+        memo = _assignments.get(value)
+        if memo is not None and memo.__class__ is cls:
+            return memo
         node, sep, rest = value.partition(":")
         if not sep or not node or not rest:
             raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: expected '<node>:<idx>,<idx>'")
@@ -58,7 +65,17 @@ class Assignment:
             raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: indices must be integers") from exc
         if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
             raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: indices must be distinct and >= 0")
-        return cls(node, indices)
+        parsed = cls(node, indices)
+        if len(_assignments) >= _ASSIGNMENT_MEMO:
+            _assignments.clear()
+        _assignments[value] = parsed
+        return parsed
+
+
+_ASSIGNMENT_MEMO: Final = 4096
+"""How many ``assigned-gpus`` texts :meth:`Assignment.parse` remembers (then it starts over)."""
+
+_assignments: dict[str, Assignment] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +119,8 @@ class GpuRequest:
 def _int_quantity(value: Any, where: str) -> int:
     """An extended-resource quantity (Kubernetes grammar, whole and non-negative; see
     :mod:`flexlease.api.quantity`), e.g. ``"2"``, ``"2k"`` (2,000) or ``"1000m"`` (1)."""
+    if value.__class__ is str and len(value) < 19 and value.isascii() and value.isdigit():
+        return int(value)  # plain ASCII digits (what a pod spec almost always holds): the same number
     try:
         return quantity.integer_quantity(value)
     except quantity.QuantityError as exc:
@@ -208,12 +227,24 @@ def _typed(obj: dict[str, Any], field: str, kind: type, where: str) -> Any:
     """``obj[field]`` when absent/null (None) or of JSON type ``kind`` (a bool is no
     ``int``); else :class:`PodSpecError` naming the field."""
     value = obj.get(field)
-    if value is None or (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+    if value is None or value.__class__ is kind:  # the usual case, decided without isinstance
+        return value
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
     raise PodSpecError(f"{where}.{field} must be {_JSON_NAMES.get(kind.__name__, kind.__name__)}")
 
 
 _JSON_NAMES: Final = {"str": "a string", "int": "an integer", "dict": "an object", "list": "a list"}
+
+_PRIORITIES: Final = {p.value: p for p in Priority}
+_TIERS: Final = {t.value: t for t in Tier}
+
+
+def _checked_values(where: str, values: dict[Any, Any]) -> None:
+    """Raise :class:`PodSpecError` when a flexlease label/annotation value is not a string."""
+    for k, v in values.items():
+        if v.__class__ is not str and str(k).startswith(keys.PREFIX) and not isinstance(v, str):
+            raise PodSpecError(f"{where} {k}: value must be a string, got {type(v).__name__}")
 
 
 def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) -> GpuRequest:
@@ -232,22 +263,18 @@ def parse_pod(pod: dict[str, Any], resource: str = keys.DEFAULT_GPU_RESOURCE) ->
     created = _typed(meta, "creationTimestamp", str, "pod.metadata") or ""
     labels = _typed(meta, "labels", dict, "pod.metadata") or {}
     annotations = _typed(meta, "annotations", dict, "pod.metadata") or {}
-    for where, values in (("label", labels), ("annotation", annotations)):
-        for k, v in values.items():
-            if str(k).startswith(keys.PREFIX) and not isinstance(v, str):
-                raise PodSpecError(f"{where} {k}: value must be a string, got {type(v).__name__}")
+    _checked_values("label", labels)
+    _checked_values("annotation", annotations)
 
-    raw_priority = labels.get(keys.LABEL_PRIORITY, keys.PRIORITY_LOW)
-    try:
-        priority = Priority(raw_priority)
-    except ValueError as exc:
-        raise PodSpecError(f"label {keys.LABEL_PRIORITY}={raw_priority!r}: expected 'high' or 'low'") from exc
+    raw_priority = labels.get(keys.LABEL_PRIORITY, keys.PRIORITY_LOW)  # a string (checked above)
+    priority = _PRIORITIES.get(raw_priority)
+    if priority is None:
+        raise PodSpecError(f"label {keys.LABEL_PRIORITY}={raw_priority!r}: expected 'high' or 'low'")
 
     raw_tier = annotations.get(keys.ANN_RELIABILITY, Tier.LA.value)
-    try:
-        tier = Tier(raw_tier)
-    except ValueError as exc:
-        raise PodSpecError(f"annotation {keys.ANN_RELIABILITY}={raw_tier!r}: expected HA, MA or LA") from exc
+    tier = _TIERS.get(raw_tier)
+    if tier is None:
+        raise PodSpecError(f"annotation {keys.ANN_RELIABILITY}={raw_tier!r}: expected HA, MA or LA")
 
     raw_reclaim = annotations.get(keys.ANN_RECLAIM, "false")
     if raw_reclaim not in ("true", "false"):

@@ -17,6 +17,8 @@ connection closed before any answer is sent once more (:data:`REPLAYABLE_METHODS
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, cast
@@ -64,15 +66,23 @@ def request_head(method: str, target: str, authority: str, content_type: str, le
     then ``Host``, ``Content-Type`` and ``Content-Length``). Raises ``ValueError`` for a method
     that is not a token, or a target, authority or content type holding a control character or
     space (where one is not allowed), which would let a value split the head."""
+    return _head_start(method, target, authority, content_type) + b"%d\r\n\r\n" % length
+
+
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@functools.lru_cache(maxsize=64)
+def _head_start(method: str, target: str, authority: str, content_type: str) -> bytes:
+    """The head up to the ``Content-Length`` value, checked once per distinct request line and
+    fields (a client sends the same few again and again)."""
     if not method or not set(method.encode("ascii", "replace")) <= _TOKEN_CHARS:
         raise ValueError(f"not an HTTP method: {method!r}")
     for what, value in (("target", target), ("authority", authority), ("content type", content_type)):
-        control = any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
-        if not value or control or (what != "content type" and " " in value):
+        if not value or _CONTROL.search(value) or (what != "content type" and " " in value):
             raise ValueError(f"bad request {what}: {value!r}")
     return (
-        f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {length}\r\n\r\n"
+        f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: {content_type}\r\nContent-Length: "
     ).encode("latin-1")
 
 

@@ -239,12 +239,16 @@ class Informer:
             return
         self._objects[key] = event.object
         if old is None:
-            await self._handler(WatchEvent(EventType.ADDED, event.object))
+            await self._handler(
+                event if event.type is EventType.ADDED else WatchEvent(EventType.ADDED, event.object)
+            )
         elif _uid(old) != _uid(event.object):
             await self._handler(WatchEvent(EventType.DELETED, old))
             await self._handler(WatchEvent(EventType.ADDED, event.object))
         else:
-            await self._handler(WatchEvent(EventType.MODIFIED, event.object))
+            await self._handler(
+                event if event.type is EventType.MODIFIED else WatchEvent(EventType.MODIFIED, event.object)
+            )
 
     # -- iterator form -----------------------------------------------------------------
 

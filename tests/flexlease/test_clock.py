@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from flexlease.clock import Clock, ManualClock, ScaledClock, SystemClock
+from flexlease.clock import Clock, ManualClock, ScaledClock, SystemClock, format_time
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -120,3 +120,10 @@ async def test_scaled_clock_runs_speedup_times_faster() -> None:
 def test_clocks_satisfy_the_protocol() -> None:
     for clock in (SystemClock(), ScaledClock(2.0), ManualClock()):
         assert isinstance(clock, Clock)
+
+
+def test_format_time_writes_rfc3339_utc_whole_seconds() -> None:
+    assert format_time(datetime(2026, 1, 2, 15, 4, 5, 999_999, tzinfo=UTC)) == "2026-01-02T15:04:05Z"
+    plus_two = datetime(2026, 1, 2, 15, 4, 5, tzinfo=UTC).astimezone(timezone(timedelta(hours=2)))
+    assert format_time(plus_two) == "2026-01-02T15:04:05Z"
+    assert format_time(datetime(999, 1, 1, tzinfo=UTC)) == "0999-01-01T00:00:00Z"  # four digits

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from flexlease.api import keys
@@ -11,6 +13,7 @@ from flexlease.api.pod import (
     parse_pod,
     pod_gpu_count,
 )
+from flexlease.api.resources import DeviceKey
 from flexlease.api.tiers import Tier
 from flexlease.errors import PodSpecError, RequestError
 from tests.flexlease.pods import make_pod
@@ -181,10 +184,30 @@ def test_malformed_pods_raise_a_request_error(mutate, message: str) -> None:  # 
 
 def test_gpu_counts_in_canonical_quantity_forms() -> None:
     """kube-scheduler forwards Go's canonical Quantity strings: 2,000 GPUs arrive as "2k"."""
-    for value, want in (("2", 2), ("2k", 2000), ("1000m", 1), (3, 3), ("1e3", 1000), (" 4 ", 4)):
+    for value, want in (
+        ("2", 2),
+        ("2k", 2000),
+        ("1000m", 1),
+        (3, 3),
+        ("1e3", 1000),
+        (" 4 ", 4),
+        ("0007", 7),
+        ("9" * 18, 10**18 - 1),
+        ("9" * 30, 2**63),  # clamped, as the general path clamps
+    ):
         pod = make_pod()
         pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = value
         assert parse_pod(pod).count == want
+
+
+@pytest.mark.parametrize("value", ["\u0663", "\u00b2", "-1", "1.5"])
+def test_digits_other_than_ascii_are_no_quantity(value: str) -> None:
+    """The shortcut for plain numbers takes ASCII digits only: an Arabic-Indic three or a
+    superscript two (``str.isdigit`` says yes to both) go to the grammar, which refuses them."""
+    pod = make_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = value
+    with pytest.raises(PodSpecError, match=r"nvidia\.com/gpu"):
+        parse_pod(pod)
 
 
 def test_priority_and_preemption_policy_are_read() -> None:
@@ -199,3 +222,17 @@ def test_assignment_round_trip() -> None:
     a = Assignment.parse("gpu-node-7:0,3,5")
     assert a.format() == "gpu-node-7:0,3,5"
     assert [str(d) for d in a.devices] == ["gpu-node-7/0", "gpu-node-7/3", "gpu-node-7/5"]
+
+
+def test_an_assignment_is_parsed_once_per_text_and_stays_immutable() -> None:
+    a = Assignment.parse("gpu-node-7:0,3")
+    assert Assignment.parse("gpu-node-7:0,3") is a  # every watcher of the pod reads the same text
+    assert a == Assignment("gpu-node-7", (0, 3)) and hash(a) == hash(Assignment("gpu-node-7", (0, 3)))
+    moved = dataclasses.replace(a, node="gpu-node-8")
+    assert moved.devices == (DeviceKey("gpu-node-8", 0), DeviceKey("gpu-node-8", 3))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.devices = ()  # type: ignore[misc]
+    for bad in ("gpu-node-7:0,0", "gpu-node-7:x", "gpu-node-7"):  # errors are not remembered
+        for _ in range(2):
+            with pytest.raises(PodSpecError):
+                Assignment.parse(bad)
