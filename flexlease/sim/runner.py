@@ -105,13 +105,18 @@ async def run_policy(
     out: Path,
     host: HostFactory | None = None,
     keep_state: bool = False,
+    check_shared: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Simulate ``policy`` against a fresh hosted extender; returns its report section and
     its wall-clock timing. On a :class:`driver.SimulationError` the section holds ``error``
     and the partial results. ``keep_state``: write every object left in the store to
-    ``<out>/<policy>/state.json`` (Pods, GPUNodes, GPULeases, Events)."""
+    ``<out>/<policy>/state.json`` (Pods, GPUNodes, GPULeases, Events). ``check_shared``: the
+    store verifies that no watch consumer (the extender's, the simulator's) changes the event
+    objects the watches share (``MemoryStore(check_shared=True)``; for tests)."""
     clock = ManualClock(driver.EPOCH)
-    store = MemoryStore(clock=clock, uids=uid_source(policy), history_revisions=HISTORY_REVISIONS)
+    store = MemoryStore(
+        clock=clock, uids=uid_source(policy), history_revisions=HISTORY_REVISIONS, check_shared=check_shared
+    )
     factory = host or load_host()
     try:
         async with (
@@ -165,6 +170,7 @@ async def run_all(
     keep_state: bool = False,
     jobs: int = 1,
     log_level: str | None = None,
+    check_shared: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Build the shared inputs and run every policy; returns the full report (the same for
     the same scenario, byte for byte once written, however it ran) and the wall-clock timings.
@@ -173,7 +179,8 @@ async def run_all(
     started with ``spawn``; ``log_level`` configures its logging); 1 (the default, and always
     with ``host``) runs them in turn in this process. The policies share nothing but the
     inputs, which each process builds again from the scenario (:func:`driver.build_world` is
-    a pure function of it), so the report does not depend on ``jobs``."""
+    a pure function of it), so the report does not depend on ``jobs``. ``check_shared``: see
+    :func:`run_policy` (in this process only)."""
     started = time.perf_counter()
     world = driver.build_world(scenario)
     sections: dict[str, Any] = {}
@@ -205,7 +212,13 @@ async def run_all(
     else:
         for policy in policies:
             sections[policy.value], timings[policy.value] = await run_policy(
-                scenario, policy, world=world, out=out, host=host, keep_state=keep_state
+                scenario,
+                policy,
+                world=world,
+                out=out,
+                host=host,
+                keep_state=keep_state,
+                check_shared=check_shared,
             )
     report = {
         "scenario": scenario_dict(scenario),

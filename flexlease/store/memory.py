@@ -24,6 +24,10 @@ from flexlease.store.watching import EmbeddedWatch, WatchRegistry
 DEFAULT_HISTORY_REVISIONS: Final = 10_000
 DEFAULT_BOOKMARK_SECONDS: Final = 1.0
 
+SHARED_EVENT_OBJECTS: Final = 256
+"""How many changes' decoded objects a :class:`MemoryStore` keeps for the watches that have
+not delivered them yet (a watch further behind decodes its own)."""
+
 _Entry = tuple[JsonObj, str]
 """A stored object and its JSON text. The dict is never mutated nor handed out; callers get
 ``semantics.decode(text)``, a private copy."""
@@ -76,7 +80,12 @@ class MemoryStore:
     * a bound Pod is deleted gracefully (:func:`semantics.delete_pod`): it stays Terminating
       with ``deletionTimestamp`` until a delete with grace period 0 confirms it (the
       kubelet's part; :mod:`flexlease.store.graceful` has the helpers);
-    * every object handed out is a private copy; objects passed in are copied on write.
+    * every object handed out by a verb is a private copy; objects passed in are copied on
+      write. A watch event's object is decoded once per change and shared by every watch that
+      delivers that change (the last :data:`SHARED_EVENT_OBJECTS` changes are kept decoded):
+      consumers treat it as read-only, as an informer's cache must be treated.
+      ``check_shared=True`` verifies, each time a decoded change is handed out again, that
+      no earlier consumer changed it (``StoreError`` otherwise; for tests).
 
     Limits: one event loop (not thread-safe; every method runs without awaiting, so each
     verb is atomic); nothing persists. Costs: a write is O(object size) plus one wake-up per
@@ -93,10 +102,12 @@ class MemoryStore:
         bookmark_seconds: float = DEFAULT_BOOKMARK_SECONDS,
         clock: Clock | None = None,
         uids: Callable[[], str] | None = None,
+        check_shared: bool = False,
     ) -> None:
         """``clock``: where ``creationTimestamp`` comes from (default: the system clock).
         ``uids``: makes each new object's ``metadata.uid`` (default: random UUIDs); a
-        simulation passes both so that a run is reproducible."""
+        simulation passes both so that a run is reproducible. ``check_shared``: verify that
+        watch consumers leave the shared event objects unchanged (see the class docstring)."""
         if history_revisions < 1:
             raise ValueError("history_revisions must be at least 1")
         self._history_revisions = history_revisions
@@ -117,6 +128,9 @@ class MemoryStore:
         self._watches_opened = 0
         self._idle_at: tuple[int, int] | None = None
         """(revision, watches opened) when :attr:`idle` last found every watch caught up."""
+        self._decoded: dict[int, JsonObj] = {}
+        """Revision → the change's object as watches deliver it (the newest few, oldest first)."""
+        self._check_shared = check_shared
 
     @property
     def idle(self) -> bool:
@@ -367,6 +381,22 @@ class MemoryStore:
 
     # -- watch support -------------------------------------------------------------------
 
+    def _event_object(self, change: _Change) -> JsonObj:
+        """The object a watch delivers for ``change``: decoded at the first watch that
+        delivers it, then shared (read-only) with the others."""
+        decoded = self._decoded
+        obj = decoded.get(change.revision)
+        if obj is None:
+            obj = decoded[change.revision] = semantics.decode(change.text)
+            if len(decoded) > SHARED_EVENT_OBJECTS:
+                del decoded[next(iter(decoded))]
+        elif self._check_shared and obj != semantics.decode(change.text):
+            raise StoreError(
+                f"a watch consumer changed the shared object of revision {change.revision} "
+                f"({change.kind.value} in {change.namespace or 'the cluster'}); event objects are read-only"
+            )
+        return obj
+
     def _next_change(self, after: int, kind: Kind) -> Iterator[_Change]:
         """Changes with revision > ``after``, in order. Raises ``Gone`` when a change of
         ``kind`` after ``after`` was compacted away."""
@@ -439,7 +469,7 @@ class _MemoryWatch(EmbeddedWatch):
             else:
                 prev = semantics.decode(change.prev_text) if change.prev_text is not None else None
                 seen = semantics.watch_transition(
-                    self._selector, change.type, obj=semantics.decode(change.text), prev=prev
+                    self._selector, change.type, obj=self._store._event_object(change), prev=prev
                 )
             if seen is None:
                 self._skipped = True
@@ -450,7 +480,7 @@ class _MemoryWatch(EmbeddedWatch):
                 assert change.prev_text is not None
                 obj = semantics.with_revision(semantics.decode(change.prev_text), change.revision)
             else:
-                obj = semantics.decode(change.text)
+                obj = self._store._event_object(change)
             return WatchEvent(event_type, obj)
         if self._skipped and time.monotonic() - self._yielded_at >= self._store._bookmark_seconds:
             self._skipped = False

@@ -49,7 +49,7 @@ def _sound(section: dict[str, Any]) -> None:
 
 async def test_both_policies_run_against_the_real_extender(tmp_path: Path) -> None:
     report, timing = await runner.run_all(
-        _scenario(tmp_path), [Policy.ROR, Policy.PLAIN], tmp_path / "out", keep_state=True
+        _scenario(tmp_path), [Policy.ROR, Policy.PLAIN], tmp_path / "out", keep_state=True, check_shared=True
     )
     assert report["inputs"]["lp_source"].startswith("synthetic (MISSING")
     plain, ror = report["policies"]["plain"], report["policies"]["ror"]

@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 
 from flexlease.clock import ManualClock
-from flexlease.errors import Gone
+from flexlease.errors import Gone, StoreError
 from flexlease.store.base import EventType, Kind, Store
-from flexlease.store.memory import MemoryStore
+from flexlease.store.memory import SHARED_EVENT_OBJECTS, MemoryStore
 from tests.store.contract import NS, StoreContract, make_pod, next_events, watching
 
 
@@ -122,5 +122,59 @@ async def test_uids_and_creation_times_can_come_from_the_caller() -> None:
         b = await store.create(Kind.POD, make_pod("b"))
         assert (a["metadata"]["uid"], a["metadata"]["creationTimestamp"]) == ("uid-1", "2026-01-05T12:00:07Z")
         assert (b["metadata"]["uid"], b["metadata"]["creationTimestamp"]) == ("uid-2", "2026-01-05T12:01:07Z")
+    finally:
+        await store.close()
+
+
+async def test_watches_share_one_decoded_object_per_change() -> None:
+    """Each change is decoded once for every watch that delivers it (read-only, like an
+    informer's cache); a verb's reply is still a private copy."""
+    store = MemoryStore()
+    try:
+        start = (await store.list(Kind.POD)).resource_version
+        async with watching(store, Kind.POD, start) as first, watching(store, Kind.POD, start) as second:
+            created = await store.create(Kind.POD, make_pod("a"))
+            (a,) = await next_events(first, 1)
+            (b,) = await next_events(second, 1)
+            assert a.object is b.object and a.object == created and a.object is not created
+            assert (await store.get(Kind.POD, "a", namespace=NS)) is not a.object
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("check", [True, False])
+async def test_a_consumer_that_changes_a_shared_event_object_is_caught_when_checking(check: bool) -> None:
+    store = MemoryStore(check_shared=check)
+    try:
+        start = (await store.list(Kind.POD)).resource_version
+        async with watching(store, Kind.POD, start) as first, watching(store, Kind.POD, start) as second:
+            await store.create(Kind.POD, make_pod("a"))
+            (a,) = await next_events(first, 1)
+            a.object["metadata"]["labels"] = {"changed": "by a consumer"}
+            if check:
+                with pytest.raises(StoreError, match="changed the shared object of revision"):
+                    await next_events(second, 1)
+            else:  # not checking: the change is seen by the other consumer (hence read-only)
+                (b,) = await next_events(second, 1)
+                assert b.object["metadata"]["labels"] == {"changed": "by a consumer"}
+    finally:
+        await store.close()
+
+
+async def test_a_watch_far_behind_decodes_its_own_object() -> None:
+    """Only the newest changes stay decoded: a watch that delivers a change after
+    :data:`SHARED_EVENT_OBJECTS` later ones were delivered decodes it again."""
+    store = MemoryStore()
+    try:
+        start = (await store.list(Kind.POD)).resource_version
+        async with watching(store, Kind.POD, start) as busy:
+            await store.create(Kind.POD, make_pod("a"))
+            (a,) = await next_events(busy, 1)
+            for i in range(SHARED_EVENT_OBJECTS):
+                await store.patch(Kind.POD, "a", {"metadata": {"labels": {"i": str(i)}}}, namespace=NS)
+            await next_events(busy, SHARED_EVENT_OBJECTS)
+        async with watching(store, Kind.POD, start) as late:
+            (b,) = await next_events(late, 1)
+        assert b.object == a.object and b.object is not a.object
     finally:
         await store.close()
