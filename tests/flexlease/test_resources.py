@@ -76,3 +76,6 @@ def test_device_key_is_hashable_and_ordered() -> None:
     keys = {DeviceKey("b", 1), DeviceKey("a", 2), DeviceKey("a", 2)}
     assert sorted(keys) == [DeviceKey("a", 2), DeviceKey("b", 1)]
     assert str(DeviceKey("gpu-7", 3)) == "gpu-7/3"
+    key = DeviceKey("gpu-7", 3)
+    assert (key.node, key.index) == ("gpu-7", 3) and repr(key) == "DeviceKey(node='gpu-7', index=3)"
+    assert {key: 1}[DeviceKey("gpu-7", 3)] == 1 and DeviceKey("gpu-10", 0) < DeviceKey("gpu-7", 0)
