@@ -327,21 +327,30 @@ def _body(obj: JsonObj) -> JsonObj:
 def apply_bind(
     pod: JsonObj, *, uid: str | None, node: str, annotations: Mapping[str, str] | None = None
 ) -> JsonObj:
-    """The pod after its Binding to ``node`` (without a new resourceVersion): ``spec.nodeName``
-    set, the Binding's ``annotations`` added to the pod's (the API server's
-    ``setPodNodeAndMetadata``) and a ``PodScheduled=True`` condition. Raises ``Conflict``
-    when the pod is already assigned (to any node) or ``uid`` is given and differs;
-    ``StoreError`` (400) on an empty node name."""
+    """The pod after its Binding to ``node`` (without a new resourceVersion), as the API
+    server's ``BindingREST`` writes it (``pkg/registry/core/pod/storage``): ``spec.nodeName``
+    set, the Binding's ``annotations`` added to the pod's, ``status.nominatedNodeName``
+    cleared (``ClearingNominatedNodeNameAfterBinding``, on by default since v1.34) and a
+    ``PodScheduled=True`` condition. Raises ``Conflict`` when ``uid`` is given and differs,
+    and, in the API server's order and words, when the pod is being deleted, is already
+    assigned (to any node) or still has scheduling gates; ``StoreError`` (400) on an empty
+    node name."""
     meta = pod.get("metadata") or {}
-    where = f"{meta.get('namespace')}/{meta.get('name')}"
+    name = meta.get("name")
+    where = f"{meta.get('namespace')}/{name}"
     if not node:
         raise bad_request(f"binding of pod {where}: node name is required")
     if uid is not None and uid != meta.get("uid"):
         raise Conflict(f"binding of pod {where}: uid {uid} does not match the pod's {meta.get('uid')}")
     spec = pod.get("spec") or {}
+    if meta.get("deletionTimestamp"):
+        raise Conflict(f"pod {name} is being deleted, cannot be assigned to a host")
     if spec.get("nodeName"):
         raise Conflict(f"pod {where} is already assigned to node {spec['nodeName']!r}")
+    if spec.get("schedulingGates"):
+        raise Conflict(f"pod {name} has non-empty .spec.schedulingGates")
     status = dict(pod.get("status") or {})
+    status.pop("nominatedNodeName", None)
     conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
     conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()})
     status["conditions"] = conditions

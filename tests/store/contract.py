@@ -609,6 +609,28 @@ class StoreContract:
         pod = await store.get(Kind.POD, "p1", namespace=NS)
         assert not pod["spec"].get("nodeName")
 
+    async def test_binding_a_scheduling_gated_pod_conflicts(self, store: Store) -> None:
+        """The API server refuses to bind a pod whose ``spec.schedulingGates`` is not empty."""
+        pod = make_pod("p1")
+        pod["spec"]["schedulingGates"] = [{"name": "example.com/wait"}]
+        created = await store.create(Kind.POD, pod)
+        with pytest.raises(Conflict, match=r"non-empty \.spec\.schedulingGates"):
+            await store.bind(
+                NS, "p1", uid=None, node="gpu-1", annotations={"flexlease.io/assigned-gpus": "gpu-1:0"}
+            )
+        assert await store.get(Kind.POD, "p1", namespace=NS) == created  # nothing written
+
+    async def test_bind_clears_the_nominated_node(self, store: Store) -> None:
+        """``ClearingNominatedNodeNameAfterBinding``: a preemptor's nomination goes with its bind."""
+        await store.create(Kind.POD, make_pod("p1"))
+        nominated = await store.patch(
+            Kind.POD, "p1", {"status": {"nominatedNodeName": "gpu-9"}}, namespace=NS, subresource="status"
+        )
+        assert nominated["status"]["nominatedNodeName"] == "gpu-9"
+        await store.bind(NS, "p1", uid=None, node="gpu-9")
+        bound = await store.get(Kind.POD, "p1", namespace=NS)
+        assert bound["spec"]["nodeName"] == "gpu-9" and "nominatedNodeName" not in bound["status"]
+
     async def test_concurrent_binds_one_wins(self, store: Store) -> None:
         await store.create(Kind.POD, make_pod("p1"))
         results = await asyncio.gather(

@@ -25,7 +25,9 @@ What it serves (the subset flexlease uses, with the API server's own semantics):
   ``status`` subresource semantics (main resource ignores ``status``; ``/status`` changes
   only ``status``), Pod spec immutability (422), ``DELETE`` with graceful Pod deletion
   (``deletionTimestamp``; a stand-in kubelet confirms at once unless told not to),
-  ``pods/binding`` (201 Status; 409 when already bound or the UID precondition fails) and
+  ``pods/binding`` (201 Status; 409 when the pod is Terminating, already bound or still
+  scheduling-gated, or the Binding's UID or resourceVersion precondition fails; clears
+  ``status.nominatedNodeName``) and
   ``pods/eviction`` (201; 429 TooManyRequests when a PodDisruptionBudget allows no
   disruption; PDB status kept by a stand-in disruption controller).
 * Every error is a ``metav1.Status`` with the real reason and message shapes. Every object
@@ -895,6 +897,14 @@ class FakeApiServer:
                 name,
                 f"Precondition failed: UID in precondition: {uid}, UID in object meta: {pod['metadata']['uid']}",
             )
+        version = bmeta.get("resourceVersion")
+        if version and version != pod["metadata"]["resourceVersion"]:
+            raise self._conflict(
+                res,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: {version}, "
+                f"ResourceVersion in object meta: {pod['metadata']['resourceVersion']}",
+            )
         binding_res = ApiResource(
             group="",
             version="v1",
@@ -913,8 +923,11 @@ class FakeApiServer:
             raise self._conflict(
                 binding_res, name, f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"'
             )
+        if pod["spec"].get("schedulingGates"):  # "Reject binding to a scheduling un-ready Pod."
+            raise self._conflict(binding_res, name, f"pod {name} has non-empty .spec.schedulingGates")
         new = copy.deepcopy(pod)
         new["spec"]["nodeName"] = target
+        (new.get("status") or {}).pop("nominatedNodeName", None)  # ClearingNominatedNodeNameAfterBinding
         if bmeta.get("annotations"):
             new["metadata"].setdefault("annotations", {}).update(bmeta["annotations"])
         status = new.setdefault("status", {})

@@ -574,3 +574,29 @@ async def test_nodes_are_read_from_the_core_api(api: FakeApiServer) -> None:
     paths = [(r.method, r.path) for r in api.requests]
     assert ("GET", "/api/v1/nodes/cpu-0") in paths
     assert ("GET", "/api/v1/nodes/ghost") in paths
+
+
+async def test_a_binding_carries_resource_version_and_uid_preconditions(api: FakeApiServer) -> None:
+    """The stand-in checks a Binding's ``metadata.uid`` and ``metadata.resourceVersion`` against
+    the pod, as the API server's BindingREST does (409 with storage's precondition message)."""
+    async with kube_store(api) as store:
+        created = await store.create(Kind.POD, make_pod("p1"))
+    path = f"{api.url}/api/v1/namespaces/{NS}/pods/p1/binding"
+
+    def binding(**meta: str) -> JsonObj:
+        return {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "p1", "namespace": NS, **meta},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "gpu-1"},
+        }
+
+    async with aiohttp.ClientSession() as http:
+        async with http.post(path, json=binding(resourceVersion="1")) as resp:
+            status = await resp.json()
+            assert resp.status == 409 and status["reason"] == "Conflict"
+            assert "Precondition failed: ResourceVersion in precondition: 1" in status["message"]
+        async with http.post(
+            path, json=binding(resourceVersion=created["metadata"]["resourceVersion"])
+        ) as resp:
+            assert resp.status == 201

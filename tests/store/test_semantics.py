@@ -76,6 +76,13 @@ def test_bind_replaces_pod_scheduled_condition() -> None:
         semantics.apply_bind(pod, uid=None, node="")
 
 
+def test_bind_refuses_a_terminating_pod_as_the_api_server_does() -> None:
+    _, pod = semantics.prepare_create(Kind.POD, make_pod("p"))
+    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # e.g. held by a finalizer
+    with pytest.raises(Conflict, match="pod p is being deleted, cannot be assigned to a host"):
+        semantics.apply_bind(pod, uid=None, node="gpu-2")
+
+
 @pytest.mark.parametrize(
     ("selector", "matches"),
     [
