@@ -225,7 +225,7 @@ class MemoryStore:
         if key in self._objects[kind]:
             where = f"{key[0]}/{key[1]}" if key[0] else key[1]
             raise Conflict(f"{kind} {where} already exists")
-        return self._write(kind, key, change=EventType.ADDED, obj=new, prev=None)
+        return semantics.decode(self._write(kind, key, change=EventType.ADDED, obj=new, prev=None))
 
     async def patch(
         self,
@@ -248,7 +248,9 @@ class MemoryStore:
         new = semantics.apply_patch(kind, current, patch, subresource=subresource)
         if new == current:
             return semantics.decode(text)
-        return self._write(kind, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
+        return semantics.decode(
+            self._write(kind, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
+        )
 
     async def delete(
         self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_seconds: int | None = None
@@ -323,9 +325,11 @@ class MemoryStore:
         change: EventType,
         obj: JsonObj,
         prev: _Entry | None,
-    ) -> JsonObj:
+    ) -> str:
         """Commit one revision: ``obj`` (the new state; for DELETED the last one) gets the
-        next resourceVersion. Validates (encodes) before touching any state."""
+        next resourceVersion. Validates (encodes) before touching any state. Returns the
+        stored JSON text (a verb that replies with the object decodes it: delete, bind and
+        evict do not)."""
         revision = self._revision + 1
         text, stored = semantics.encode_copy(kind, semantics.stamp(obj, revision))  # our own copy
         self._revision = revision
@@ -349,7 +353,7 @@ class MemoryStore:
             self._drop_history(excess)
         for watch in self._watches[kind]:
             watch.wake()
-        return semantics.decode(text)
+        return text
 
     def _drop_history(self, count: int) -> None:
         for change in self._history[:count]:
