@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Final
@@ -48,34 +49,27 @@ class Assignment:
     def format(self) -> str:
         return f"{self.node}:{','.join(str(i) for i in self.indices)}"
 
-    @classmethod
-    def parse(cls, value: str) -> Assignment:
+    @staticmethod
+    def parse(value: str) -> Assignment:
         """Parse ``<node>:<idx>[,<idx>...]``. Raises :class:`PodSpecError` when malformed.
-        The same text gives the same (immutable) object while it is among the last
-        :data:`_ASSIGNMENT_MEMO` texts parsed: every watcher of a pod reads its annotation."""
-        memo = _assignments.get(value)
-        if memo is not None and memo.__class__ is cls:
-            return memo
-        node, sep, rest = value.partition(":")
-        if not sep or not node or not rest:
-            raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: expected '<node>:<idx>,<idx>'")
-        try:
-            indices = tuple(int(part) for part in rest.split(","))
-        except ValueError as exc:
-            raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: indices must be integers") from exc
-        if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
-            raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: indices must be distinct and >= 0")
-        parsed = cls(node, indices)
-        if len(_assignments) >= _ASSIGNMENT_MEMO:
-            _assignments.clear()
-        _assignments[value] = parsed
-        return parsed
+        Memoised like :mod:`flexlease.api.quantity`'s parser (``functools.lru_cache``, the
+        last 4,096 texts; errors are raised, not cached): the same text gives the same
+        immutable object, and every watcher of a pod reads the same annotation."""
+        return _parse_assignment(value)
 
 
-_ASSIGNMENT_MEMO: Final = 4096
-"""How many ``assigned-gpus`` texts :meth:`Assignment.parse` remembers (then it starts over)."""
-
-_assignments: dict[str, Assignment] = {}
+@functools.lru_cache(maxsize=4096)
+def _parse_assignment(value: str) -> Assignment:
+    node, sep, rest = value.partition(":")
+    if not sep or not node or not rest:
+        raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: expected '<node>:<idx>,<idx>'")
+    try:
+        indices = tuple(int(part) for part in rest.split(","))
+    except ValueError as exc:
+        raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: indices must be integers") from exc
+    if any(i < 0 for i in indices) or len(set(indices)) != len(indices):
+        raise PodSpecError(f"{keys.ANN_ASSIGNED_GPUS}={value!r}: indices must be distinct and >= 0")
+    return Assignment(node, indices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +113,6 @@ class GpuRequest:
 def _int_quantity(value: Any, where: str) -> int:
     """An extended-resource quantity (Kubernetes grammar, whole and non-negative; see
     :mod:`flexlease.api.quantity`), e.g. ``"2"``, ``"2k"`` (2,000) or ``"1000m"`` (1)."""
-    if value.__class__ is str and len(value) < 19 and value.isascii() and value.isdigit():
-        return int(value)  # plain ASCII digits (what a pod spec almost always holds): the same number
     try:
         return quantity.integer_quantity(value)
     except quantity.QuantityError as exc:

@@ -153,7 +153,19 @@ def integer_quantity(value: str | int | float | Decimal) -> int:
     the API server accepts only whole, non-negative values (``1000m`` is 1, ``1500m`` is
     refused). Returns the count, clamped to ``2**63``. Raises :class:`QuantityError` when
     ``value`` is not a quantity, is negative or is not whole."""
-    q = parse_quantity(value)
+    if isinstance(value, str):
+        return _integer_text(value)
+    return _whole(value, parse_quantity(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _integer_text(value: str) -> int:
+    """:func:`integer_quantity` of a string, memoised as :func:`_parse_text` is: every parse
+    of a pod counts its GPUs (errors are raised, not cached)."""
+    return _whole(value, _parse_text(value))
+
+
+def _whole(value: object, q: Fraction) -> int:
     if q < 0:
         raise QuantityError(f"{_show(value)} is negative")
     if q.denominator != 1:

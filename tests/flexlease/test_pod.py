@@ -202,8 +202,8 @@ def test_gpu_counts_in_canonical_quantity_forms() -> None:
 
 @pytest.mark.parametrize("value", ["\u0663", "\u00b2", "-1", "1.5"])
 def test_digits_other_than_ascii_are_no_quantity(value: str) -> None:
-    """The shortcut for plain numbers takes ASCII digits only: an Arabic-Indic three or a
-    superscript two (``str.isdigit`` says yes to both) go to the grammar, which refuses them."""
+    """Only ASCII digits make a number: an Arabic-Indic three or a superscript two (which
+    ``str.isdigit`` accepts) are refused by the quantity grammar."""
     pod = make_pod()
     pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = value
     with pytest.raises(PodSpecError, match=r"nvidia\.com/gpu"):
