@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from collections import OrderedDict
 from typing import Any, Final
 
@@ -59,10 +58,20 @@ Bodies go through :func:`orjson.loads` first (several times faster); a body it r
 (``NaN``, lone surrogates), and one that may hold an integer outside 64 bits, is decoded
 here instead, so both accept exactly what this one accepts and errors read the same."""
 
-_LONG_DIGITS: Final = re.compile(rb"[0-9]{19}")
-"""Nineteen digits in a row: a text that may hold an integer outside int64/uint64, which
-orjson reads as a float (silently, in every version), so the reference decoder reads it.
+LONG_DIGITS: Final = 19
+"""Digits in a row from which a text may hold an integer outside int64/uint64, which orjson
+reads as a float (silently, in every version), so the reference decoder reads it instead.
 Digit runs inside strings only cost the slower decoder."""
+_DIGITS_AS_ZERO: Final = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+"""A :meth:`bytes.translate` table: every ASCII digit to ``0``, every other byte to a space."""
+_DIGIT_RUN: Final = b"0" * LONG_DIGITS
+
+
+def has_long_digits(text: bytes) -> bool:
+    """Whether ``text`` holds :data:`LONG_DIGITS` ASCII digits in a row. Two C passes (a
+    byte translation and a substring search), about ten times faster than the regular
+    expression ``[0-9]{19}`` that gives the same answer (tested against it)."""
+    return _DIGIT_RUN in text.translate(_DIGITS_AS_ZERO)
 
 
 def json_depth(obj: Any, *, stop_above: int | None = None) -> int:
@@ -99,7 +108,7 @@ def decode(raw: bytes) -> Any:
     nests deeper than :data:`MAX_JSON_DEPTH` or holds an integer literal longer than
     :data:`MAX_JSON_INT_DIGITS`."""
     deep = f"JSON body nests deeper than {MAX_JSON_DEPTH} levels"
-    if _LONG_DIGITS.search(raw) is None:
+    if not has_long_digits(raw):
         try:
             value = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -130,6 +139,9 @@ class _Envelope(msgspec.Struct):
 
 
 _ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
+_HEAD: Final = b'{"Pod":'
+_TAIL: Final = b',"Nodes":null,"NodeNames":'
+"""The envelope around the pod and the node list, as encoding/json writes it."""
 _NAMES: Final = msgspec.json.Decoder(list[str])
 
 
@@ -155,6 +167,11 @@ class ExtenderArgsDecoder:
     def decode(self, raw: bytes) -> wire.ExtenderArgs | None:
         """The args in ``raw``, or None when ``raw`` is not in the exact shape (then decode
         it with :func:`decode` and validate it with the model, for the same answer and errors)."""
+        known = self._known_list(raw)
+        if known is not None:
+            pod = self._pod(known[0])
+            if pod is not None:
+                return wire.ExtenderArgs.model_construct(pod=pod, nodes=None, node_names=known[1])
         try:
             envelope = _ENVELOPE.decode(raw)
         except (msgspec.MsgspecError, RecursionError):  # too deep even to skip: the general way
@@ -166,6 +183,30 @@ class ExtenderArgsDecoder:
         if names is None or pod is None:
             return None
         return wire.ExtenderArgs.model_construct(pod=pod, nodes=None, node_names=names)
+
+    def _known_list(self, raw: bytes) -> tuple[bytes, list[str]] | None:
+        """(the pod's text, the node names) when ``raw`` is ``{"Pod":`` text
+        ``,"Nodes":null,"NodeNames":`` list ``}`` with a list text kept from a recent
+        request, byte for byte (Go's encoding/json writes no spaces), else None.
+
+        Compares the tail of the body with the kept lists instead of scanning the whole
+        body: the node list is most of a filter body (≈ 16 KiB of 17 at 1,250 nodes) and
+        the same as the last filter's. The split is the envelope's own whenever the pod's
+        text is a JSON value, which :meth:`_pod` checks before the split is used."""
+        size = len(raw)
+        if not raw.startswith(_HEAD) or not raw.endswith(b"]}"):
+            return None
+        for text in reversed(self._lists):  # most recent first
+            start = size - 1 - len(text)  # where the list would begin
+            if (
+                start > len(_HEAD) + len(_TAIL)
+                and raw.endswith(text, 0, size - 1)
+                and raw.startswith(_TAIL, start - len(_TAIL))
+            ):
+                self._lists.move_to_end(text)
+                self.hits += 1
+                return raw[len(_HEAD) : start - len(_TAIL)], self._lists[text]
+        return None
 
     def _names(self, text: bytes) -> list[str] | None:
         names = self._lists.get(text)
@@ -189,7 +230,7 @@ class ExtenderArgsDecoder:
             self._pods.move_to_end(text)
             self.hits += 1
             return pod
-        if _LONG_DIGITS.search(text) is not None:
+        if has_long_digits(text):
             return None  # an integer orjson would read as a float, perhaps: the general way
         try:
             value = orjson.loads(text)

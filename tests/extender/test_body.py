@@ -4,6 +4,7 @@ path giving exactly what the general path gives, or handing the body over."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -19,14 +20,16 @@ def _general(raw: bytes) -> wire.ExtenderArgs:
     return wire.ExtenderArgs.model_validate(body.decode(raw))
 
 
-def _envelope(pod: Any, names: Any, *, nodes: str = "null") -> bytes:
+def _envelope(pod: Any, names: Any, *, nodes: str = "null", compact: bool = False) -> bytes:
+    """An ExtenderArgs body; ``compact``: without spaces, as Go's encoding/json writes it."""
+    separators = (",", ":") if compact else None
     return (
         b'{"Pod":'
-        + json.dumps(pod).encode()
+        + json.dumps(pod, separators=separators).encode()
         + b',"Nodes":'
         + nodes.encode()
         + b',"NodeNames":'
-        + json.dumps(names).encode()
+        + json.dumps(names, separators=separators).encode()
         + b"}"
     )
 
@@ -38,23 +41,54 @@ _json = st.recursive(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     pod=st.dictionaries(st.text(max_size=8), _json, max_size=4),
+    other=st.dictionaries(st.text(max_size=8), _json, max_size=4),
     names=st.lists(st.text(max_size=12), max_size=20),
+    compact=st.booleans(),
 )
-def test_the_fast_path_gives_what_the_general_path_gives(pod: dict[str, Any], names: list[str]) -> None:
-    raw = _envelope(pod, names)
+def test_the_fast_path_gives_what_the_general_path_gives(
+    pod: dict[str, Any], other: dict[str, Any], names: list[str], compact: bool
+) -> None:
+    """The first body splits the envelope; the second (another pod, the same node list)
+    is split by the kept list's text when compact, as kube-scheduler sends it."""
+    raw = _envelope(pod, names, compact=compact)
+    then = _envelope(other, names, compact=compact)
     decoder = body.ExtenderArgsDecoder()
-    first, again = decoder.decode(raw), decoder.decode(raw)
-    expected = _general(raw)
-    if first is None:  # only a pod that may hold an integer beyond 64 bits goes the general way
-        assert again is None and body._LONG_DIGITS.search(raw) is not None
-        return
-    assert again is not None
-    for args in (first, again):
+    for text in (raw, raw, then, then):
+        args = decoder.decode(text)
+        if args is None:  # only a pod that may hold an integer beyond 64 bits goes the general way
+            assert re.search(rb"[0-9]{19}", text) is not None
+            continue
+        expected = _general(text)
         assert args.model_dump() == expected.model_dump()
         assert args.candidate_names() == expected.candidate_names()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=60) | st.text(alphabet='0123456789 a"', max_size=60).map(str.encode))
+def test_long_digit_runs_are_found_as_the_regular_expression_finds_them(text: bytes) -> None:
+    for probe in (text, text + b"1234567890123456789", b"x" + b"9" * 18 + text):
+        assert body.has_long_digits(probe) == (re.search(rb"[0-9]{19}", probe) is not None)
+
+
+def test_a_body_ending_in_a_kept_list_is_split_at_the_envelope() -> None:
+    names = [f"gpu-{i:04d}" for i in range(50)]
+    decoder = body.ExtenderArgsDecoder()
+    first = decoder.decode(_envelope({"metadata": {"name": "a"}}, names, compact=True))
+    assert first is not None and (decoder.hits, decoder.misses) == (0, 2)
+    # the pod's text holds the envelope's own tail and the list: still split at the end
+    tricky = {"metadata": {"name": ',"Nodes":null,"NodeNames":' + json.dumps(names, separators=(",", ":"))}}
+    raw = _envelope(tricky, names, compact=True)
+    args = decoder.decode(raw)
+    assert args is not None and args.node_names is first.node_names
+    assert args.model_dump() == _general(raw).model_dump()
+    assert (decoder.hits, decoder.misses) == (1, 3)
+    # a pod that is not one JSON value where the split would put it: the envelope decides
+    for bad in (b'{"Pod":{"a":1}}, {"b":2', b'{"Pod":1,"Nodes":null,"NodeNames":[]'):
+        raw = bad + b',"Nodes":null,"NodeNames":' + json.dumps(names, separators=(",", ":")).encode() + b"}"
+        assert decoder.decode(raw) is None
 
 
 def test_a_real_filter_body_reuses_the_pod_and_the_node_list() -> None:
