@@ -267,7 +267,7 @@ class FilterCache:
             self._names = list(self._index)
         keys = RequestKeys.of(req)
         class_key = (keys, req.reclaim)
-        family = (keys.exact._replace(owner=None), keys.count, keys.preemptor, req.reclaim)
+        family = (keys.ownerless, keys.count, keys.preemptor, req.reclaim)
         entry = self._entries.pop(class_key, None)
         if (
             entry is not None
@@ -388,6 +388,7 @@ class FilterCache:
         changed = changed_since(result.version)
         if changed is None:
             return False
+        keys = RequestKeys.of(req)
         updates: list[tuple[int, Verdict]] = []
         passes = entry.general_passes
         check: scheduling.Checker | None = None
@@ -406,7 +407,7 @@ class FilterCache:
                 new = scheduling.STANDBY_NOT_RECLAIM
             else:
                 if check is None:
-                    check = scheduling.Checker(req)
+                    check = scheduling.Checker(req, keys)
                 new = check(view)
             old = verdicts[i]
             if new is not old:
@@ -480,7 +481,7 @@ class PriorityCache:
         keys = RequestKeys.of(req)
         class_key = (keys, req.reclaim, req.checkpoint, req.images)
         family = (
-            keys.exact._replace(owner=None),
+            keys.ownerless,
             keys.exact.owner is None,
             keys.count,
             keys.preemptor,

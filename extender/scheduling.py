@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import functools
 import itertools
 import json
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
@@ -150,8 +151,7 @@ class FitKey(NamedTuple):
         return cls(req.required_tier, req.gpu_type, high, req.owner if high else None)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestKeys:
+class RequestKeys(NamedTuple):
     """A request's :class:`FitKey` and its two equivalents, computed once per request.
 
     On a node without ownership tags every pod sees the same devices (``open``: tags do not
@@ -159,24 +159,30 @@ class RequestKeys:
     only untagged devices (``closed``). Normalising to these few keys lets the per-node
     memo serve almost every request. ``preemptor``: the pod's ``spec.priority`` when it may
     preempt (``preemptionPolicy`` is not ``Never``), else None; kube-scheduler only evicts
-    pods of lower priority, so it decides whether "preemption may help".
+    pods of lower priority, so it decides whether "preemption may help". ``ownerless``:
+    ``exact`` without its owner (derived), what the requests of one family (alike but for
+    the owner) share.
+
+    A named tuple: its hash (a part of every class key) is computed in C, and
+    :meth:`of` returns one object per distinct request (memoised).
     """
 
     exact: FitKey
     open: FitKey
     closed: FitKey
-    count: int
-    preemptor: int | None = None
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count(), unused on keys
+    preemptor: int | None
+    ownerless: FitKey
 
     @classmethod
     def of(cls, req: GpuRequest) -> RequestKeys:
-        exact = FitKey.of(req)
-        return cls(
-            exact=exact,
-            open=FitKey(req.required_tier, req.gpu_type, False, None),
-            closed=FitKey(req.required_tier, req.gpu_type, True, None),
-            count=req.count,
-            preemptor=req.priority_value if req.preempts else None,
+        """The keys of ``req``; equal requests get the same object (memoised: a request's
+        keys are computed by filter, prioritize and every changed node's check)."""
+        high = req.priority is Priority.HIGH
+        owner = req.owner if high else None
+        return _request_keys(
+            (req.required_tier, req.gpu_type, high, owner, req.count),
+            req.priority_value if req.preempts else None,
         )
 
     def for_node(self, node: NodeView) -> FitKey:
@@ -186,6 +192,23 @@ class RequestKeys:
         if self.exact.owner is not None and self.exact.owner in node.owners:
             return self.exact
         return self.closed
+
+
+@functools.lru_cache(maxsize=4096)
+def _request_keys(
+    asked: tuple[Tier, str | None, bool, str | None, int], preemptor: int | None
+) -> RequestKeys:
+    """:class:`RequestKeys` of ``asked`` (tier, GPU type, high, owner, count) and the
+    preemptor's priority (None: may not preempt)."""
+    tier, gpu_type, high, owner, count = asked
+    return RequestKeys(
+        exact=FitKey(tier, gpu_type, high, owner),
+        open=FitKey(tier, gpu_type, False, None),
+        closed=FitKey(tier, gpu_type, True, None),
+        count=count,
+        preemptor=preemptor,
+        ownerless=FitKey(tier, gpu_type, high, None),
+    )
 
 
 class NodeFit(NamedTuple):
