@@ -688,6 +688,8 @@ def report(
         + f"; longest pause {longest[1] * 1000:.1f} ms (of which on CPU {longest[2] * 1000:.1f} ms)"
         + f"; {server['frozen']} objects frozen"
     )
+    gc_cpu = sum(c for _, _, c in pauses) / (len(t["cycle"]) + args.warmup)
+    print(f"server GC CPU per cycle (every generation, warm-up included): {gc_cpu * 1000:.3f} ms")
     full, incremental, derived = server["cache"]
     print(f"filter cache: {full} full / {derived} derived / {incremental} incremental")
 
