@@ -184,6 +184,18 @@ class ExtenderArgsDecoder:
             return None
         return wire.ExtenderArgs.model_construct(pod=pod, nodes=None, node_names=names)
 
+    def announce(self, text: bytes, names: list[str]) -> None:
+        """Keep ``names`` as the decoding of ``text``, which must be their JSON array (as
+        :func:`orjson.dumps` writes it), without decoding it: the extender announces the
+        ``NodeNames`` of each filter reply, which kube-scheduler sends back to
+        ``/prioritize`` when no other filter or extender removes a node, so that body
+        is split by its tail (:meth:`_known_list`) and its names are the filter's own
+        strings. ``names`` is kept: the caller must not change it."""
+        self._lists[text] = names
+        self._lists.move_to_end(text)
+        if len(self._lists) > self._max_lists:
+            self._lists.popitem(last=False)
+
     def _known_list(self, raw: bytes) -> tuple[bytes, list[str]] | None:
         """(the pod's text, the node names) when ``raw`` is ``{"Pod":`` text
         ``,"Nodes":null,"NodeNames":`` list ``}`` with a list text kept from a recent

@@ -378,7 +378,9 @@ async def filter_verb(request: web.Request) -> web.Response:
         return _json(_filter_reply(args, [n for n in names if n in keep], failed, unresolvable))
     if args.node_names is None and args.nodes is not None:
         return _json(_filter_reply(args, *result.members()))
-    return web.Response(body=result.encode(), content_type="application/json")
+    reply = result.encode()
+    request.app[ARGS_DECODER].announce(*result.node_names_json())  # prioritize's list, likely
+    return web.Response(body=reply, content_type="application/json")
 
 
 def _own_claims(

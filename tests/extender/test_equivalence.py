@@ -6,6 +6,7 @@ import json
 import random
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,6 +153,8 @@ def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
         }
         assert sum(got.counts.values()) == len(names)
         reply = json.loads(got.encode())
+        text, passed = got.node_names_json()  # announced to the decoder for prioritize
+        assert text == orjson.dumps(reply["NodeNames"]) and passed == reply["NodeNames"]
         assert sorted(reply.pop("NodeNames")) == sorted(got.passed)
         assert reply == {
             "Nodes": None,

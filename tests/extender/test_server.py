@@ -9,6 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
@@ -217,6 +218,28 @@ async def test_prioritize_scores_every_candidate(start: Any, store: MemoryStore)
     assert scores["own"] > scores["cached"] > scores["plain"] >= 0
     assert scores["gone"] == 0
     assert all(set(h) == {"Host", "Score"} and 0 <= h["Score"] <= 10 for h in reply)
+
+
+async def test_prioritize_after_filter_reuses_the_filters_node_names(start: Any, store: MemoryStore) -> None:
+    """kube-scheduler sends /prioritize the nodes /filter passed, in the reply's order and
+    (encoding/json) without spaces: that body is split by its tail, and nothing in it is
+    decoded again; the scores are those of a body decoded in full."""
+    await seed_cluster(store)
+    client = await start()
+    pod = payloads.pod("p", gpus=2, priority="high", gpu_type=payloads.H20, spec_priority=1000)
+    headers = {"Content-Type": "application/json"}
+    resp = await client.post("/filter", data=orjson.dumps(payloads.extender_args(pod, ALL)), headers=headers)
+    passed = (await resp.json())["NodeNames"]
+    assert passed == ["n-free", "n-owned"]
+    decoder = client.app[server.ARGS_DECODER]
+    misses = decoder.misses
+    body = orjson.dumps(payloads.extender_args(pod, passed))
+    resp = await client.post("/prioritize", data=body, headers=headers)
+    scores = await resp.json()
+    assert decoder.misses == misses  # the pod and the node list were both known
+    assert [h["Host"] for h in scores] == passed
+    spaced = await post(client, "prioritize", payloads.extender_args(pod, passed))  # the general way
+    assert scores == spaced
 
 
 # --------------------------------------------------------------------------- bind
