@@ -38,7 +38,7 @@ import time
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import aiohttp
 import uvloop
@@ -425,6 +425,24 @@ async def _server(
 # --------------------------------------------------------------------------- client
 
 
+def go_json(value: Any) -> bytes:
+    """``value`` as Go's encoding/json writes it (kube-scheduler's extender client): no
+    spaces; ``<``, ``>``, ``&``, U+2028 and U+2029 escaped; other characters as they are."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    for char, escaped in _GO_ESCAPES:
+        text = text.replace(char, escaped)
+    return text.encode()
+
+
+_GO_ESCAPES: Final = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+
+
 async def client(
     args: argparse.Namespace, urls: list[str], pending: list[JsonObj], names: list[str]
 ) -> dict[str, Any]:
@@ -441,7 +459,7 @@ async def client(
         async def call(
             u: str, body: Any, verb: str, record: bool, on: aiohttp.ClientSession | None = None
         ) -> Any:
-            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            data = body if isinstance(body, bytes) else go_json(body)
             t = time.perf_counter()
             async with (on or session).post(
                 u, data=data, headers={"Content-Type": "application/json"}
@@ -459,21 +477,21 @@ async def client(
             return json.loads(raw)
 
         t_start = 0.0
-        names_json = json.dumps(names).encode()
+        names_json = go_json(names)
         for n, p in enumerate(pending):
             record = n >= args.warmup
             if n == args.warmup:
                 t_start = time.perf_counter()
             t_cycle = time.perf_counter()
             # encoded as a Go client would: once per request, the node list spliced in
-            pod_json = json.dumps(p).encode()
+            pod_json = go_json(p)
             body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}"
             res = await call(f"{url}/filter", body, "filter", record)
             passed = res["NodeNames"]
             if not passed:
                 outcomes["unschedulable"] += 1
                 continue
-            body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + json.dumps(passed).encode() + b"}"
+            body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + go_json(passed) + b"}"
             scores = await call(f"{url}/prioritize", body, "prioritize", record)
             best = max(scores, key=lambda h: h["Score"])["Host"]
             meta = p["metadata"]
@@ -498,9 +516,7 @@ async def client(
                 times["cycle"].append(time.perf_counter() - t_cycle)
         await asyncio.gather(*binds)
         elapsed = time.perf_counter() - t_start
-        empty_body = (
-            b'{"Pod":' + json.dumps(pending[0]).encode() + b',"Nodes":null,"NodeNames":' + names_json + b"}"
-        )
+        empty_body = b'{"Pod":' + go_json(pending[0]) + b',"Nodes":null,"NodeNames":' + names_json + b"}"
         for _ in range(args.cycles):
             await call(f"{floor_url}/empty", empty_body, "empty", True)
     return {"times": times, "elapsed": elapsed, "outcomes": outcomes, "sizes": sizes}
