@@ -123,7 +123,8 @@ class _Block(NamedTuple):
     passed: bytes
     failed: bytes
     unresolvable: bytes
-    names: list[str]
+    names: tuple[str, ...]
+    """A tuple, not a list: a tuple of strings leaves the collector's lists at its first pass."""
 
 
 @dataclass(slots=True)
@@ -205,7 +206,10 @@ def _encode_block(names: list[str], verdicts: list[Verdict]) -> _Block:
     """A block's three reply members as JSON without their brackets, and its passing names."""
     passed, failed, unresolvable = _partition(names, verdicts)
     return _Block(
-        orjson.dumps(passed)[1:-1], orjson.dumps(failed)[1:-1], orjson.dumps(unresolvable)[1:-1], passed
+        orjson.dumps(passed)[1:-1],
+        orjson.dumps(failed)[1:-1],
+        orjson.dumps(unresolvable)[1:-1],
+        tuple(passed),
     )
 
 
