@@ -131,6 +131,7 @@ def test_memoised_filter_and_scores_equal_the_device_by_device_answers(
         for n, v in zip(nodes, verdicts, strict=True):
             for key in (keys.exact, keys.open, keys.closed):
                 assert scheduling.fit(key, n) == scheduling.count_devices(key, n)
+                assert scheduling.count_groups(key, n.groups) == scheduling.count_devices(key, n)  # no memo
             if not n.standby:
                 assert (v.code, v.cause, v.reason) == reference_verdict(req, n)
                 assert scheduling.check_node(req, n) is v
