@@ -419,7 +419,7 @@ def count_groups(key: FitKey, groups: Iterable[DeviceGroup]) -> NodeFit:
     unhealthy = below = foreign = 0
     low_held: tuple[int, ...] = ()
     need_rank = key.tier.rank
-    gpu_type, high, owner = key.gpu_type, key.high, key.owner
+    gpu_type, owner = key.gpu_type, key.owner
     for model, rank, g_owner, healthy, g_total, g_free, g_low in groups:
         total += g_total
         if healthy:
@@ -431,7 +431,7 @@ def count_groups(key: FitKey, groups: Iterable[DeviceGroup]) -> NodeFit:
             unhealthy += g_total
         elif rank < need_rank:
             below += g_total
-        elif g_owner is not None and high and g_owner != owner:  # not tag_allows(key, g_owner)
+        elif not tag_allows(key, g_owner):
             foreign += g_total
         else:
             usable += g_total
