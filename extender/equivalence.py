@@ -6,9 +6,17 @@ reclaim flag): they form an equivalence class (as in kube-scheduler's former equ
 cache), and between two of them usually only the few nodes touched by binds change. This
 cache keeps, per class, the verdict of every candidate node and the reply built from them,
 and on the next request of that class re-checks only the nodes the inventory reports as
-changed since (:meth:`extender.state.Inventory.changed_since`). A different candidate list,
-a change log that no longer reaches back, or a flip of "some general node fits" for a
-reclaim pod (which changes every standby verdict) falls back to a full filter.
+changed since (:meth:`extender.state.Inventory.changed_since`). A change log that no longer
+reaches back, or a flip of "some general node fits" for a reclaim pod (which changes every
+standby verdict) falls back to a full filter.
+
+kube-scheduler does not send one candidate list: it sends the nodes its own filters pass
+(those with enough free ``nvidia.com/gpu`` for this pod, so the list shrinks as pods bind and
+differs between GPU counts) in the order its parallel filter finds them, a new order in every
+cycle. So the verdicts are kept for every node seen (the snapshot's nodes and any candidate
+without a GPUNode, the *universe*), and a request's candidates — any subset, in any order —
+are answered from them in O(candidates); a list equal to the universe reuses the reply
+encoded block by block.
 
 Pure bookkeeping over immutable snapshots: no I/O, no asyncio. Neighbours: used by
 :mod:`extender.server`; decisions come from :mod:`extender.scheduling`.
@@ -20,8 +28,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from itertools import chain, compress
-from operator import not_
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_, not_
 from typing import Final, NamedTuple
 
 import orjson
@@ -31,6 +39,9 @@ from extender.scheduling import Code, FitKey, NodeView, RequestKeys, Verdict
 from flexlease.api.pod import GpuRequest
 
 DEFAULT_MAX_CLASSES: Final = 128
+_UNIVERSE_SLACK: Final = 1024
+"""Names the universe may hold beyond twice the snapshot's nodes (nodes that left the
+cluster, candidates without a GPUNode) before it starts again (:meth:`FilterCache._positions`)."""
 
 
 @dataclass(slots=True)
@@ -49,8 +60,12 @@ class FilterResult:
     names: list[str]
     verdicts: list[Verdict]
     counts: dict[Verdict, int]
-    blocks: _Blocks
+    blocks: _Blocks | None
+    """None for a result made for one request's candidates (:meth:`FilterCache._restrict`):
+    encoded whole, once."""
     encoded: bytes | None = None
+    node_names: tuple[bytes, list[str]] | None = None
+    """:meth:`node_names_json` of a result encoded whole."""
 
     def members(self) -> tuple[list[str], dict[str, str], dict[str, str]]:
         """(``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``): the candidates
@@ -77,7 +92,10 @@ class FilterResult:
         """The ``ExtenderFilterResult`` JSON (nodeCacheCapable form; ``NodeNames`` in
         candidate order), cached until a verdict changes."""
         if self.encoded is None:
-            self.encoded = self.blocks.encode(self.names, self.verdicts)
+            if self.blocks is None:
+                self.encoded, self.node_names = _encode_whole(self.names, self.verdicts)
+            else:
+                self.encoded = self.blocks.encode(self.names, self.verdicts)
         return self.encoded
 
     def node_names_json(self) -> tuple[bytes, list[str]]:
@@ -85,6 +103,9 @@ class FilterResult:
         as a list of names: what kube-scheduler sends ``/prioritize`` next when no other
         filter or extender removes a node (:meth:`extender.body.ExtenderArgsDecoder.announce`)."""
         self.encode()
+        if self.blocks is None:
+            assert self.node_names is not None
+            return self.node_names
         return self.blocks.passed()
 
     def changed(self, i: int, new: Verdict) -> None:
@@ -97,11 +118,13 @@ class FilterResult:
             del self.counts[old]
         self.counts[new] = self.counts.get(new, 0) + 1
         self.verdicts[i] = new
+        assert self.blocks is not None  # an entry's result
         self.blocks.parts[i // BLOCK] = None
         self.encoded = None
 
     def copy(self) -> FilterResult:
         """A copy whose changes leave this result as it is (the candidate list is shared)."""
+        assert self.blocks is not None  # an entry's result
         return FilterResult(
             self.version, self.names, list(self.verdicts), dict(self.counts), self.blocks.copy(), self.encoded
         )
@@ -202,6 +225,40 @@ def _partition(names: list[str], verdicts: list[Verdict]) -> tuple[list[str], di
     return passed, failed, unresolvable
 
 
+_CODE: Final = attrgetter("code")
+_REASON: Final = attrgetter("reason")
+
+
+def _encode_whole(names: list[str], verdicts: list[Verdict]) -> tuple[bytes, tuple[bytes, list[str]]]:
+    """The ``ExtenderFilterResult`` JSON for distinct ``names`` and their ``verdicts``
+    (aligned; ``NodeNames`` in that order), and its ``NodeNames`` as JSON and as a list.
+    Partitioned by C-level passes (``compress``, ``map``), no Python code per node: a
+    request's own candidates are encoded once, so nothing is kept per block."""
+    passing = list(map(is_, verdicts, repeat(scheduling.PASS)))
+    failing = list(map(not_, passing))
+    passed = list(compress(names, passing))
+    failed_names = list(compress(names, failing))
+    failed_verdicts = list(compress(verdicts, failing))
+    reasons = list(map(_REASON, failed_verdicts))
+    unschedulable = list(map(is_, map(_CODE, failed_verdicts), repeat(Code.UNSCHEDULABLE)))
+    failed = dict(zip(compress(failed_names, unschedulable), compress(reasons, unschedulable), strict=True))
+    other = list(map(not_, unschedulable))
+    unresolvable = dict(zip(compress(failed_names, other), compress(reasons, other), strict=True))
+    node_names = orjson.dumps(passed)
+    body = b"".join(
+        (
+            b'{"Nodes":null,"NodeNames":',
+            node_names,
+            b',"FailedNodes":',
+            orjson.dumps(failed),
+            b',"FailedAndUnresolvableNodes":',
+            orjson.dumps(unresolvable),
+            b',"Error":""}',
+        )
+    )
+    return body, (node_names, passed)
+
+
 def _encode_block(names: list[str], verdicts: list[Verdict]) -> _Block:
     """A block's three reply members as JSON without their brackets, and its passing names."""
     passed, failed, unresolvable = _partition(names, verdicts)
@@ -258,11 +315,15 @@ class FilterCache:
         self._max = max_classes
         self._entries: dict[tuple[RequestKeys, bool], _Entry] = {}
         self._given: list[str] = []
+        """The latest candidate list as given (a private copy)."""
+        self._wanted: tuple[list[str], list[int]] | None = None
+        """``_given`` without repeated names and their positions in the universe; None when
+        that is the universe itself, in its order."""
         self._names: list[str] = []
         self._index: dict[str, int] = {}
-        """The latest candidate list as given, the same without repeated names, and their
-        positions, shared by every entry made for it (the scheduler sends the same list for
-        most pods): one copy for the collector to traverse, not one per class."""
+        """The universe (every node seen: the snapshot's and the candidates without a
+        GPUNode, each once) and its positions, shared by every entry made for it: one copy
+        for the collector to traverse, not one per class."""
         self._families: dict[tuple[FitKey, int, int | None, bool], tuple[RequestKeys, bool]] = {}
         """Per family (a class without its owner), its most recently filtered class."""
         self._views: list[NodeView | None] = []
@@ -294,13 +355,14 @@ class FilterCache:
         (:attr:`extender.state.Snapshot.tagged`). Given it, the first request of a
         high-priority class is derived from the latest class that differs only in its owner:
         the owner decides only on nodes tagged for one of the two (elsewhere both see the
-        same devices), so only those and the changed nodes are re-checked."""
+        same devices), so only those and the changed nodes are re-checked.
+
+        The class's entry holds a verdict for every node of the universe; the result is that
+        entry's (shared, see :class:`FilterResult`) when ``names`` is the universe in its
+        order, else a new one for ``names`` alone (:meth:`_restrict`)."""
         if self._given != names:  # a private copy: the caller may reuse its list
             self._given = list(names)
-            self._index = {}
-            for n in names:
-                self._index.setdefault(n, len(self._index))
-            self._names = list(self._index)
+            self._wanted = self._positions(self._given, nodes)
         keys = RequestKeys.of(req)
         class_key = (keys, req.reclaim)
         family = (keys.ownerless, keys.count, keys.preemptor, req.reclaim)
@@ -332,7 +394,64 @@ class FilterCache:
             self._families[family] = class_key
         if len(self._entries) > self._max:
             del self._entries[next(iter(self._entries))]
-        return entry.result
+        if self._wanted is None:
+            return entry.result
+        names, positions = self._wanted
+        return self._restrict(req, keys, entry=entry, nodes=nodes, names=names, positions=positions)
+
+    def _positions(
+        self, given: list[str], nodes: Mapping[str, NodeView]
+    ) -> tuple[list[str], list[int]] | None:
+        """``given`` without repeated names and their positions in the universe, which grows
+        to take in names it lacks (then every entry is made again, once); None when
+        ``given`` is the universe in its order. The universe starts, and starts again when
+        nodes that left make up most of it, as ``given`` followed by the snapshot's other
+        nodes, so that a scheduler sending every node in one order gets the shared result."""
+        if given == self._names:
+            return None
+        index = self._index
+        positions = list(map(index.get, given))
+        unique = given
+        if None not in positions and len(set(positions)) < len(positions):  # a name given twice
+            unique = list(dict.fromkeys(given))
+            positions = list(map(index.__getitem__, unique))
+        if None in positions:
+            unique = list(dict.fromkeys(given))
+            # a new universe (entries made for the old one are not current), or a fresh one
+            index = {} if len(index) > 2 * len(nodes) + _UNIVERSE_SLACK else dict(index)
+            for name in chain(unique, nodes):
+                index.setdefault(name, len(index))
+            self._index, self._names = index, list(index)
+            if unique == self._names:
+                return None
+            positions = list(map(index.__getitem__, unique))
+        return unique, positions  # type: ignore[return-value]  # no None left
+
+    @staticmethod
+    def _restrict(
+        req: GpuRequest,
+        keys: RequestKeys,
+        *,
+        entry: _Entry,
+        nodes: Mapping[str, NodeView],
+        names: list[str],
+        positions: list[int],
+    ) -> FilterResult:
+        """The result for candidates ``names`` (distinct, at ``positions`` in the universe)
+        from ``entry``, which is current. For a reclaim pod the standby candidates' verdicts
+        depend on whether a general *candidate* passes (Algorithm 1 line 19), so they are
+        decided again for these candidates."""
+        verdicts = list(map(entry.result.verdicts.__getitem__, positions))
+        standby = entry.standby
+        if req.reclaim and any(map(standby.__getitem__, positions)):
+            ok = scheduling.PASS
+            general_ok = any(v is ok and not standby[i] for v, i in zip(verdicts, positions, strict=True))
+            for k, i in enumerate(positions):
+                if standby[i]:
+                    view = nodes.get(names[k])
+                    assert view is not None  # entry.standby is the snapshot's pool
+                    verdicts[k] = scheduling.standby_verdict(keys, view, general_ok=general_ok)
+        return FilterResult(entry.result.version, names, verdicts, dict(Counter(verdicts)), None)
 
     def _current(self, entry: _Entry) -> bool:
         """Whether ``entry`` was made for the latest candidate list (then it shares it)."""

@@ -756,11 +756,20 @@ def filter_pools(req: GpuRequest, nodes: Sequence[NodeView | None]) -> tuple[lis
         for i in standby_at:
             node = nodes[i]
             assert node is not None
-            # A standby GPU the lease controller tagged for this owner (a one-for-one
-            # supplement for a lent GPU that failed) is already FETCHSTANDBY's answer.
-            supplemented = high and owner is not None and owner in node.owners
-            out[i] = _check(keys, node) if supplemented or not general_ok else STANDBY_NOT_NEEDED
+            out[i] = standby_verdict(keys, node, general_ok=general_ok)
     return out, standby_at
+
+
+def standby_verdict(keys: RequestKeys, node: NodeView, *, general_ok: bool) -> Verdict:
+    """The verdict of standby-pool ``node`` for a reclaim pod with ``keys``, given whether
+    some general-pool candidate passes (``general_ok``): Algorithm 1 lines 19–23
+    (FETCHSTANDBY), checked as a general node would be when no general candidate fits;
+    otherwise not needed. A standby GPU the lease controller tagged for this owner (a
+    one-for-one supplement for a lent GPU that failed) is FETCHSTANDBY's answer already,
+    so such a node is checked either way."""
+    exact = keys.exact
+    supplemented = exact.high and exact.owner is not None and exact.owner in node.owners
+    return _check(keys, node) if supplemented or not general_ok else STANDBY_NOT_NEEDED
 
 
 def standby_allowed(req: GpuRequest, general: Iterable[NodeView]) -> bool:

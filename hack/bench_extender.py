@@ -11,8 +11,13 @@ on loopback with the production runner. Beside it, on another port of the same p
 empty aiohttp handler that reads the body and answers ``{}``: the HTTP floor.
 
 A client process (pinned to another CPU) plays kube-scheduler with ``nodeCacheCapable``:
-per pending pod, ``/filter`` with all node names, ``/prioritize`` with the nodes that passed,
-``/bind`` to the best one, one cycle at a time over a keep-alive connection. It prints p50
+per pending pod, ``/filter`` with the candidate nodes, ``/prioritize`` with the nodes that
+passed, ``/bind`` to the best one, one cycle at a time over a keep-alive connection. The
+candidates are what kube-scheduler sends (``--candidates scheduler``, :class:`FeasibleNodes`):
+the nodes whose free ``nvidia.com/gpu`` (allocatable minus the pods bound or assumed there)
+covers the pod's count, in the order its parallel filter finds them, a different order in
+every cycle; ``--candidates all`` sends every node in one order, as the rounds before the
+sixth did. It prints p50
 and p99 per verb measured by the client and by the server (exact per-request times from a
 recording middleware wrapped around the app, and the Prometheus histogram's count), cycles
 per second, and the empty handler's latency for the same filter body, so our cost is a ratio.
@@ -25,8 +30,10 @@ import asyncio
 import contextvars
 import cProfile
 import gc
+import heapq
 import json
 import logging
+import math
 import multiprocessing
 import os
 import platform
@@ -35,6 +42,7 @@ import random
 import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -178,8 +186,10 @@ def pod(
 
 async def load_cluster(
     store: MemoryStore, *, nodes: int, running: int, pending: int, seed: int
-) -> list[JsonObj]:
-    """Create the cluster in ``store``; return the pending pods as stored (with uids)."""
+) -> tuple[list[JsonObj], dict[str, int]]:
+    """Create the cluster in ``store``; return the pending pods as stored (with uids) and
+    each node's free ``nvidia.com/gpu`` as kube-scheduler counts it (healthy devices, the
+    device plugin's allocatable, minus those the running pods hold)."""
     rng = random.Random(seed)
     standby_from = nodes - max(1, nodes // 25)  # 4 % of nodes form the standby pool
     free: dict[str, list[int]] = {}
@@ -187,11 +197,10 @@ async def load_cluster(
         obj, status = gpunode(rng, i, standby=i >= standby_from)
         await store.create(Kind.GPUNODE, obj)
         await store.patch(Kind.GPUNODE, obj["metadata"]["name"], {"status": status}, subresource="status")
-        if i < standby_from:
-            free[obj["metadata"]["name"]] = [
-                d for d in range(8) if status["devices"][str(d)]["health"] == "Healthy"
-            ]
-    names = list(free)
+        free[obj["metadata"]["name"]] = [
+            d for d in range(8) if status["devices"][str(d)]["health"] == "Healthy"
+        ]
+    names = list(free)[:standby_from]
     for p in range(running):
         gpus = rng.choice((1, 1, 1, 2))
         node = rng.choice(names)
@@ -245,7 +254,71 @@ async def load_cluster(
             prefix = "batch"
         for k in range(min(size, pending - len(out))):
             out.append(await store.create(Kind.POD, pod(f"{prefix}-{job}-{k}", **spec)))
-    return out
+    return out, {name: len(indices) for name, indices in free.items()}
+
+
+class FeasibleNodes:
+    """The candidate lists kube-scheduler sends a ``nodeCacheCapable`` extender's ``/filter``
+    (``findNodesThatFitPod`` in pkg/scheduler/schedule_one.go, with the shipped
+    ``percentageOfNodesToScore: 100``), for pods that ask only for GPUs.
+
+    * Which nodes: NodeResourcesFit passes a node when its allocatable ``nvidia.com/gpu``
+      minus what the pods there request (bound ones and those assumed by an earlier cycle
+      whose bind is in flight) covers the pod's count (``ignoredByScheduler: false``).
+    * In which order: ``findNodesThatPassFilters`` checks the nodes with
+      ``Parallelizer().Until`` — 16 workers taking chunks of ``min(√n, n/16 + 1)``
+      consecutive nodes (``chunkSizeFor``) — and appends each feasible node when its check
+      ends, so the list interleaves the workers' chunks differently in every cycle. Here each
+      check takes a random 0.5–1.5 time units; ``orders`` such interleavings are drawn once
+      (seeded) and used in turn. The search starts at node 0 every cycle: with 100 % to
+      score, ``nextStartNodeIndex`` advances by every node, back to where it was.
+    """
+
+    def __init__(
+        self,
+        names: list[str],
+        free: dict[str, int],
+        rng: random.Random,
+        *,
+        parallelism: int = 16,
+        orders: int = 64,
+    ) -> None:
+        self.names = names
+        self.free = dict(free)
+        self._orders = [self._interleaving(len(names), parallelism, rng) for _ in range(orders)]
+        self._turn = 0
+
+    @staticmethod
+    def _interleaving(n: int, parallelism: int, rng: random.Random) -> list[int]:
+        """Node positions in the order parallel checks of ``n`` nodes end."""
+        size = max(1, min(math.isqrt(n), n // parallelism + 1))
+        chunks = deque(range(lo, min(lo + size, n)) for lo in range(0, n, size))
+        clocks = [(rng.random() * 0.5, w) for w in range(parallelism)]  # (time free, worker)
+        heapq.heapify(clocks)
+        ends: list[tuple[float, int]] = []  # (when its check ends, node position)
+        while chunks:
+            start, worker = heapq.heappop(clocks)
+            t = start
+            for i in chunks.popleft():
+                t += 0.5 + rng.random()
+                ends.append((t, i))
+            heapq.heappush(clocks, (t, worker))
+        return [i for _, i in sorted(ends)]
+
+    def candidates(self, gpus: int) -> list[str]:
+        """The next cycle's candidates for a pod asking ``gpus``."""
+        order = self._orders[self._turn % len(self._orders)]
+        self._turn += 1
+        names, free = self.names, self.free
+        return [name for name in map(names.__getitem__, order) if free[name] >= gpus]
+
+    def assume(self, node: str, gpus: int) -> None:
+        """The scheduler assumed a pod of ``gpus`` on ``node`` (its bind is in flight)."""
+        self.free[node] -= gpus
+
+    def forget(self, node: str, gpus: int) -> None:
+        """The bind failed: the scheduler forgets the assumed pod."""
+        self.free[node] += gpus
 
 
 # --------------------------------------------------------------------------- server process
@@ -295,7 +368,7 @@ async def _server(
 ) -> None:
     store = MemoryStore(history_revisions=1_000_000)
     t0 = time.perf_counter()
-    pending = await load_cluster(
+    pending, free = await load_cluster(
         store, nodes=args.nodes, running=args.pods, pending=args.cycles + args.warmup, seed=args.seed
     )
     load_s = time.perf_counter() - t0
@@ -389,7 +462,7 @@ async def _server(
         profile.clear()
         profile.enable()
     serving_cpu[0] = time.process_time()
-    conn.send({"urls": urls, "pending": pending, "load_s": load_s, "summary": inv.summary()})
+    conn.send({"urls": urls, "pending": pending, "free": free, "load_s": load_s, "summary": inv.summary()})
     await asyncio.to_thread(conn.recv)  # the client is done
     for v in VERBS:
         recorded[v] = recorded[v][args.warmup :]
@@ -444,7 +517,7 @@ _GO_ESCAPES: Final = (
 
 
 async def client(
-    args: argparse.Namespace, urls: list[str], pending: list[JsonObj], names: list[str]
+    args: argparse.Namespace, urls: list[str], pending: list[JsonObj], names: list[str], free: dict[str, int]
 ) -> dict[str, Any]:
     url, floor_url = urls
     times: dict[str, list[float]] = {v: [] for v in (*VERBS, "empty", "cycle")}
@@ -478,6 +551,10 @@ async def client(
 
         t_start = 0.0
         names_json = go_json(names)
+        feasible = (
+            FeasibleNodes(names, free, random.Random(args.seed)) if args.candidates == "scheduler" else None
+        )
+        candidate_sizes: list[int] = []
         for n, p in enumerate(pending):
             record = n >= args.warmup
             if n == args.warmup:
@@ -485,7 +562,18 @@ async def client(
             t_cycle = time.perf_counter()
             # encoded as a Go client would: once per request, the node list spliced in
             pod_json = go_json(p)
-            body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b"}"
+            gpus = int(p["spec"]["containers"][0]["resources"]["limits"][keys.DEFAULT_GPU_RESOURCE])
+            if feasible is not None:
+                candidates = feasible.candidates(gpus)
+                if not candidates:  # kube-scheduler's own filter left no node: the extender is not called
+                    outcomes["unschedulable"] += 1
+                    continue
+                listed = go_json(candidates)
+                if record:
+                    candidate_sizes.append(len(candidates))
+            else:
+                listed = names_json
+            body = b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + listed + b"}"
             res = await call(f"{url}/filter", body, "filter", record)
             passed = res["NodeNames"]
             if not passed:
@@ -502,9 +590,14 @@ async def client(
                 "Node": best,
             }
 
-            async def bind_async(body: dict[str, str], record: bool) -> None:
+            if feasible is not None:
+                feasible.assume(best, gpus)
+
+            async def bind_async(body: dict[str, str], record: bool, gpus: int = gpus) -> None:
                 res = await call(f"{url}/bind", body, "bind", record, bind_session)
                 outcomes["bound" if not res["Error"] else "bind_error"] += 1
+                if res["Error"] and feasible is not None:
+                    feasible.forget(body["Node"], gpus)
 
             if args.sync_bind:
                 await bind_async(bind, record)
@@ -519,7 +612,13 @@ async def client(
         empty_body = b'{"Pod":' + go_json(pending[0]) + b',"Nodes":null,"NodeNames":' + names_json + b"}"
         for _ in range(args.cycles):
             await call(f"{floor_url}/empty", empty_body, "empty", True)
-    return {"times": times, "elapsed": elapsed, "outcomes": outcomes, "sizes": sizes}
+    return {
+        "times": times,
+        "elapsed": elapsed,
+        "outcomes": outcomes,
+        "sizes": sizes,
+        "candidates": candidate_sizes,
+    }
 
 
 def main() -> None:
@@ -558,6 +657,13 @@ def main() -> None:
         "node, then a table of the figures against the node count",
     )
     parser.add_argument("--profile", type=int, default=0, help="print the server's N costliest functions")
+    parser.add_argument(
+        "--candidates",
+        choices=("scheduler", "all"),
+        default="scheduler",
+        help="the filter's NodeNames: kube-scheduler's feasible nodes in its parallel filter's order "
+        "(FeasibleNodes), or every node in one order (the rounds before the sixth)",
+    )
     args = parser.parse_args()
     if not args.scale:
         args.pods = args.pods or 4 * args.nodes
@@ -586,7 +692,7 @@ def run_once(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], 
     if args.gc_freeze:  # the client's own long-lived data (the pending pods) out of the collector's way
         gc.collect()
         gc.freeze()
-    result = asyncio.run(client(args, hello["urls"], hello["pending"], names))
+    result = asyncio.run(client(args, hello["urls"], hello["pending"], names, hello["free"]))
     parent.send("done")
     server = parent.recv()
     proc.join()
@@ -619,6 +725,14 @@ def report(
     )
     print(f"inventory: {hello['summary']}")
     print(f"cycles: {len(t['cycle'])} measured after {args.warmup} warm-up; outcomes {result['outcomes']}")
+    if result["candidates"]:
+        sizes_c = result["candidates"]
+        print(
+            f"candidates: kube-scheduler's feasible nodes in its filter's order, "
+            f"{statistics.fmean(sizes_c):.0f} a cycle on average ({min(sizes_c)}-{max(sizes_c)})"
+        )
+    else:
+        print("candidates: every node, in one order")
     sizes = result["sizes"]
     print(
         "mean reply: "

@@ -138,8 +138,13 @@ def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
         random_change(inv, rng, step)
         req = rng.choice(reqs)
         snap = inv.snapshot()
-        # mostly every node (a fresh list each time, as requests arrive), sometimes a subset
-        names = rng.sample(NAMES, rng.randrange(len(NAMES) + 1)) if rng.random() < 0.2 else list(NAMES)
+        # every node (a fresh list each time, as requests arrive), or kube-scheduler's list: a
+        # subset in a new order, sometimes with a name never seen
+        names = list(NAMES)
+        if rng.random() < 0.5:
+            names = rng.sample(NAMES, rng.randrange(len(NAMES) + 1))
+            if rng.random() < 0.1:
+                names.append(f"new-{step}")
         got = cache.filter(
             req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since, tagged=snap.tagged
         )
@@ -165,16 +170,56 @@ def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
     assert cache.full + cache.incremental + cache.derived == steps
 
 
-def test_reuses_results_and_falls_back_when_the_candidates_differ() -> None:
+def test_reuses_results_for_any_subset_and_order_of_the_nodes_seen() -> None:
     inv = cluster(random.Random(1))
     cache = FilterCache()
     req = parse_pod(PODS[0])
     snap = inv.snapshot()
     first = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
     again = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
-    assert again is first and cache.incremental == 1
-    cache.filter(req, snap.nodes, NAMES[:3], version=snap.version, changed_since=inv.changed_since)
-    assert cache.full == 2
+    assert again is first and cache.incremental == 1 and cache.full == 1
+    # kube-scheduler's lists: the nodes its own filters pass, in a new order every cycle
+    shuffled = random.Random(5).sample(NAMES, 7)
+    part = cache.filter(req, snap.nodes, shuffled, version=snap.version, changed_since=inv.changed_since)
+    assert (cache.full, cache.incremental) == (1, 2)
+    assert part.names == shuffled and part.verdicts == [first.verdicts[NAMES.index(n)] for n in shuffled]
+    assert json.loads(part.encode())["NodeNames"] == [n for n in shuffled if n in first.passed]
+    # a name never seen grows the universe: every class is filtered again, once
+    grown = [*shuffled, "new-node"]
+    cache.filter(req, snap.nodes, grown, version=snap.version, changed_since=inv.changed_since)
+    cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+    assert (cache.full, cache.incremental) == (2, 3)
+
+
+def test_a_reclaim_pod_gets_the_standby_pool_when_no_general_candidate_fits() -> None:
+    """FETCHSTANDBY looks at the general nodes among this request's candidates, not at every
+    node the cache knows: with the fitting general nodes left out of the list, the standby
+    node is checked (and passes) although it was "not needed" for the whole list."""
+    inv = cluster(random.Random(1))
+    cache = FilterCache()
+    req = parse_pod(PODS[2])  # a reclaim pod
+    assert req.reclaim
+    snap = inv.snapshot()
+    whole = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+    assert whole.passed and whole.verdicts[NAMES.index("n10")] is scheduling.STANDBY_NOT_NEEDED
+    only = ["n11", "n10"]  # no GPUNode, and a standby node
+    part = cache.filter(req, snap.nodes, only, version=snap.version, changed_since=inv.changed_since)
+    assert part.verdicts == scheduling.filter_nodes(req, [snap.nodes.get(n) for n in only])
+    assert part.passed == ["n10"] and cache.full == 1
+
+
+def test_the_universe_starts_again_when_departed_nodes_fill_it() -> None:
+    inv = cluster(random.Random(1))
+    cache = FilterCache()
+    req = parse_pod(PODS[0])
+    snap = inv.snapshot()
+    gone = [f"gone-{i}" for i in range(2 * len(snap.nodes) + 1100)]
+    cache.filter(req, snap.nodes, gone, version=snap.version, changed_since=inv.changed_since)
+    result = cache.filter(
+        req, snap.nodes, [*NAMES, "new-node"], version=snap.version, changed_since=inv.changed_since
+    )
+    assert cache._names == [*NAMES, "new-node"]  # the departed names were dropped
+    assert result.names == cache._names and cache.full == 2
 
 
 def test_reply_encoded_by_blocks_reencodes_only_changed_blocks() -> None:
@@ -189,6 +234,7 @@ def test_reply_encoded_by_blocks_reencodes_only_changed_blocks() -> None:
     assert len(reply["FailedAndUnresolvableNodes"]) + len(reply["FailedNodes"]) + len(
         reply["NodeNames"]
     ) == len(names)
+    assert first.blocks is not None  # the list is the universe: the entry's own result
     kept = list(first.blocks.parts)
     assert all(p is not None for p in kept)
     rng = random.Random(4)
@@ -205,6 +251,7 @@ def test_reply_encoded_by_blocks_reencodes_only_changed_blocks() -> None:
         n: v.reason for n, v in zip(names, want, strict=True) if v.code is Code.UNSCHEDULABLE
     }
     # the blocks of nodes without a GPUNode were not encoded again
+    assert again.blocks is not None
     assert again.blocks.parts[:3] == kept[:3]
 
 

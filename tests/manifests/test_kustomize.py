@@ -275,6 +275,16 @@ def test_the_scheduler_calls_the_extender_over_mutual_tls() -> None:
     assert tls["secret"]["secretName"] == "flexlease-scheduler-tls"
 
 
+def test_the_scheduler_sends_the_extender_every_feasible_node() -> None:
+    """kube-scheduler's ``numFeasibleNodesToFind``: with ``percentageOfNodesToScore`` unset
+    (0: adaptive) it stops filtering at max(100, n × max(5, 50 − n/125) / 100) feasible
+    nodes, so the extender would never see the rest (a reclaim pod's own lent GPUs among
+    them). 100 makes it every node, whatever a profile sets (none may lower it)."""
+    cfg, _ = scheduler_config(base())
+    assert cfg["percentageOfNodesToScore"] == 100
+    assert all(p.get("percentageOfNodesToScore", 100) == 100 for p in cfg["profiles"])
+
+
 def test_the_scheduler_image_is_pinned_to_a_release() -> None:
     (container,) = pod_spec(base(), "Deployment", "flexlease-scheduler")["containers"]
     image, _, tag = container["image"].rpartition(":")
