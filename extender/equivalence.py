@@ -35,6 +35,7 @@ from typing import Final, NamedTuple
 import orjson
 
 from extender import scheduling
+from extender.fitarrays import FitArrays
 from extender.scheduling import Code, FitKey, NodeView, RequestKeys, Verdict
 from flexlease.api.pod import GpuRequest
 
@@ -326,11 +327,11 @@ class FilterCache:
         for the collector to traverse, not one per class."""
         self._families: dict[tuple[FitKey, int, int | None, bool], tuple[RequestKeys, bool]] = {}
         """Per family (a class without its owner), its most recently filtered class."""
-        self._views: list[NodeView | None] = []
-        self._views_of: tuple[list[str], int] | None = None
-        """The views of ``_names`` (None: no GPUNode) at a snapshot version, kept up to date
-        by ``changed_since`` for full filters: looking up every candidate in the snapshot's
-        map costs more than the filter's own pass over them at 5,000 nodes."""
+        self._arrays = FitArrays()
+        self._arrays_of: tuple[list[str], int] | None = None
+        """The universe's devices as arrays (:class:`extender.fitarrays.FitArrays`) at a
+        snapshot version, brought up to date by ``changed_since`` for each full filter: a
+        class no memo has seen costs a few array operations, not a count per node."""
         self.full = 0
         self.incremental = 0
         self.derived = 0
@@ -386,8 +387,10 @@ class FilterCache:
         ) is not None:
             self.derived += 1
         else:
-            views = self._candidate_views(nodes, version, changed_since)
-            entry = self._full(req, views, self._names, self._index, version)
+            arrays = self._arrays_at(nodes, version, changed_since)
+            entry = self._full(
+                req, keys, arrays=arrays, names=self._names, index=self._index, version=version
+            )
             self.full += 1
         self._entries[class_key] = entry
         if keys.exact.owner is not None:
@@ -492,31 +495,41 @@ class FilterCache:
         entry = sibling.copy()
         return entry if self._update(req, entry, nodes, version, widened) else None
 
-    def _candidate_views(
+    def _arrays_at(
         self, nodes: Mapping[str, NodeView], version: int, changed_since: Callable[[int], set[str] | None]
-    ) -> list[NodeView | None]:
-        """The views of the current candidates at ``version``: the kept list, with the nodes
-        changed since it was made looked up again, or all of them looked up."""
-        kept = self._views_of
+    ) -> FitArrays:
+        """The universe's devices as arrays at ``version``: the kept arrays with the rows of
+        the nodes changed since they were made written again, or all rows loaded afresh."""
+        arrays = self._arrays
+        kept = self._arrays_of
         if kept is not None and kept[0] is self._names and kept[1] <= version:
             changed = changed_since(kept[1]) if kept[1] != version else set()
             if changed is not None:
-                views, index = self._views, self._index
+                index, views = self._index, arrays.views
+                at: list[int] = []
                 for name in changed:
                     i = index.get(name)
                     if i is not None:
                         views[i] = nodes.get(name)
-                self._views_of = (self._names, version)
-                return views
-        self._views = list(map(nodes.get, self._names))
-        self._views_of = (self._names, version)
-        return self._views
+                        at.append(i)
+                arrays.update(at)
+                self._arrays_of = (self._names, version)
+                return arrays
+        arrays.load(list(map(nodes.get, self._names)))
+        self._arrays_of = (self._names, version)
+        return arrays
 
     @staticmethod
     def _full(
-        req: GpuRequest, views: list[NodeView | None], names: list[str], index: dict[str, int], version: int
+        req: GpuRequest,
+        keys: RequestKeys,
+        *,
+        arrays: FitArrays,
+        names: list[str],
+        index: dict[str, int],
+        version: int,
     ) -> _Entry:
-        verdicts, standby_at = scheduling.filter_pools(req, views)
+        verdicts, standby_at = arrays.filter_pools(req, keys)
         standby = bytearray(len(names))
         for i in standby_at:
             standby[i] = 1

@@ -507,10 +507,12 @@ def check_node(req: GpuRequest, node: NodeView) -> Verdict:
     low, tagged for another owner, or held by pods preemption cannot move); Unschedulable
     when enough usable devices are held by low-priority pods.
     """
-    return _check(RequestKeys.of(req), node)
+    return check_keyed(RequestKeys.of(req), node)
 
 
-def _check(keys: RequestKeys, node: NodeView) -> Verdict:
+def check_keyed(keys: RequestKeys, node: NodeView) -> Verdict:
+    """:func:`check_node` for a request whose keys are ``keys`` (:meth:`RequestKeys.of`),
+    through the cross-node memo."""
     return _check_keyed(keys.for_node(node), keys.count, keys.preemptor, node)
 
 
@@ -769,7 +771,7 @@ def standby_verdict(keys: RequestKeys, node: NodeView, *, general_ok: bool) -> V
     so such a node is checked either way."""
     exact = keys.exact
     supplemented = exact.high and exact.owner is not None and exact.owner in node.owners
-    return _check(keys, node) if supplemented or not general_ok else STANDBY_NOT_NEEDED
+    return check_keyed(keys, node) if supplemented or not general_ok else STANDBY_NOT_NEEDED
 
 
 def standby_allowed(req: GpuRequest, general: Iterable[NodeView]) -> bool:

@@ -16,7 +16,8 @@ from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extender import body, scheduling, server
+from extender import body, server
+from extender.fitarrays import FitArrays
 from flexlease.api import keys
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
@@ -497,7 +498,7 @@ async def test_internal_faults_are_logged_500(
     def boom(*args: object, **kwargs: object) -> object:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(scheduling, "filter_pools", boom)
+    monkeypatch.setattr(FitArrays, "filter_pools", boom)  # a full filter's computation
     with caplog.at_level(logging.ERROR):
         resp = await client.post("/filter", json=payloads.extender_args(payloads.pod("p"), ["n-free"]))
     assert resp.status == 500
