@@ -191,6 +191,7 @@ class DeviceKubelet:
         if plugin.stream is not None:
             await tasks.stop(plugin.stream)
         await plugin.channel.close()
+        plugin.changed.set()  # waiters on this plugin look again (at its successor, if any)
 
     async def stop(self) -> None:
         """Stop serving (plugin sockets are left as they are)."""

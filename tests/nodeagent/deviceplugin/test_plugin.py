@@ -71,6 +71,23 @@ async def test_kubelet_restart_is_followed_by_a_new_registration_and_pods_keep_t
         assert await node.admit("after", 2) == node.ids(0, 1)
 
 
+async def test_a_wait_for_devices_follows_the_plugin_across_a_re_registration() -> None:
+    """A waiter blocked on the plugin that a kubelet restart replaced wakes and reads the new
+    registration's list (before, it waited on the old plugin's event until its time ran out:
+    the demo's flaky "did not register 8 healthy GPUs")."""
+    async with running_node(gpus=4) as node:
+        first = node.kubelet.plugins[RESOURCE]
+        waiting = asyncio.create_task(
+            node.kubelet.wait_devices(
+                RESOURCE, lambda d: node.kubelet.plugins[RESOURCE] is not first and len(d) == 4, limit_s=10
+            )
+        )
+        await asyncio.sleep(0.05)  # blocked on the first plugin's event
+        await node.kubelet.restart()
+        await node.kubelet.wait_registered(RESOURCE, registrations=2)
+        assert len(await asyncio.wait_for(waiting, 10)) == 4
+
+
 async def test_list_and_watch_reports_a_failed_gpu_unhealthy_until_it_recovers() -> None:
     events = [{"at": 100, "gpu": 1, "event": "xid", "xid": 79}]
     async with running_node(gpus=4, events=events) as node:
