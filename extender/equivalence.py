@@ -30,7 +30,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_, not_
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, cast
 
 import orjson
 
@@ -413,22 +413,20 @@ class FilterCache:
         if given == self._names:
             return None
         index = self._index
-        positions = list(map(index.get, given))
-        unique = given
-        if None not in positions and len(set(positions)) < len(positions):  # a name given twice
-            unique = list(dict.fromkeys(given))
-            positions = list(map(index.__getitem__, unique))
-        if None in positions:
-            unique = list(dict.fromkeys(given))
+        found = list(map(index.get, given))
+        if None in found:
             # a new universe (entries made for the old one are not current), or a fresh one
             index = {} if len(index) > 2 * len(nodes) + _UNIVERSE_SLACK else dict(index)
-            for name in chain(unique, nodes):
+            for name in chain(given, nodes):
                 index.setdefault(name, len(index))
             self._index, self._names = index, list(index)
-            if unique == self._names:
-                return None
+            found = list(map(index.get, given))
+        positions = cast(list[int], found)  # every name is in the universe now
+        unique = given
+        if len(set(positions)) < len(positions):  # a name given twice
+            unique = list(dict.fromkeys(given))
             positions = list(map(index.__getitem__, unique))
-        return unique, positions  # type: ignore[return-value]  # no None left
+        return None if unique == self._names else (unique, positions)
 
     @staticmethod
     def _restrict(

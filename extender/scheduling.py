@@ -716,45 +716,22 @@ def filter_nodes(req: GpuRequest, nodes: Sequence[NodeView | None]) -> list[Verd
 
 def filter_pools(req: GpuRequest, nodes: Sequence[NodeView | None]) -> tuple[list[Verdict], list[int]]:
     """:func:`filter_nodes`, and the positions of the standby-pool nodes among ``nodes``
-    (ascending)."""
+    (ascending). Node by node through the cross-node memo: the reference the filter cache's
+    paths are tested against (:mod:`extender.equivalence` answers requests from its entries
+    and computes full filters with :mod:`extender.fitarrays`)."""
     keys = RequestKeys.of(req)
-    exact, open_key, closed, count = keys.exact, keys.open, keys.closed, keys.count
-    preemptor = keys.preemptor
-    high, owner = exact.high, exact.owner
     out: list[Verdict] = []
-    append = out.append
     standby_at: list[int] = []
-    general_ok = False
-    standby = Pool.STANDBY
-    # Verdicts by node signature, one lane of tables per normalised key: nodes alike in
-    # their device groups get one answer (the cross-node memo), and so do later requests.
-    lane_open = _lane(open_key, count, preemptor)
-    lane_exact = _lane(exact, count, preemptor)
-    lane_closed = _lane(closed, count, preemptor)
-    seen_open, seen_exact, seen_closed = lane_open.verdicts, lane_exact.verdicts, lane_closed.verdicts
     for i, node in enumerate(nodes):
         if node is None:
-            append(NO_GPUNODE)
-            continue
-        if node.pool is standby:
-            append(STANDBY_NOT_RECLAIM)
+            out.append(NO_GPUNODE)
+        elif node.standby:
+            out.append(STANDBY_NOT_RECLAIM)
             standby_at.append(i)
-            continue
-        # RequestKeys.for_node, inlined: this loop runs for every candidate node of every request.
-        owners = node.owners
-        if not owners or not high:
-            lane, seen = lane_open, seen_open
-        elif owner is not None and owner in owners:
-            lane, seen = lane_exact, seen_exact
         else:
-            lane, seen = lane_closed, seen_closed
-        v = seen.get(node.signature)
-        if v is None:
-            v = _lane_verdict(lane, count, preemptor, node)
-        if v is PASS:
-            general_ok = True
-        append(v)
+            out.append(check_keyed(keys, node))
     if req.reclaim and standby_at:
+        general_ok = PASS in out  # standby and absent nodes are not PASS (identity: interned)
         for i in standby_at:
             node = nodes[i]
             assert node is not None
