@@ -352,9 +352,11 @@ async def filter_verb(request: web.Request) -> web.Response:
         return _json(wire.ExtenderFilterResult(error=not_ready).to_wire())
     inv = request.app[INVENTORY]
     snap = inv.snapshot()
-    result = request.app[FILTER_CACHE].filter(
+    cache = request.app[FILTER_CACHE]
+    result = cache.filter(
         req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since, tagged=snap.tagged
     )
+    request.app[ARGS_DECODER].intern(cache.universe)  # later lists decode into its strings
     counts: dict[tuple[str, str], int] = {}
     for v, n in result.counts.items():
         ck = (_OUTCOME[v.code], v.cause.value)
@@ -472,7 +474,13 @@ async def bind_verb(request: web.Request) -> web.Response:
         check=request.app[ADMISSION].bind_check(request),
     )
     request.app[METRICS].count_decisions("bind", {(outcome.outcome, outcome.cause): 1})
+    if not outcome.error:  # the usual reply, encoded once
+        return web.Response(body=_BOUND, content_type="application/json")
     return _json(wire.ExtenderBindingResult(error=outcome.error).to_wire())
+
+
+_BOUND: Final = orjson.dumps(wire.ExtenderBindingResult().to_wire())
+"""The ``ExtenderBindingResult`` of a successful bind (``{"Error":""}``)."""
 
 
 async def preempt_verb(request: web.Request) -> web.Response:

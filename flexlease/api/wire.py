@@ -9,6 +9,7 @@ and decodes keys case-insensitively; these models do the same. Embedded ``v1.Pod
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -27,14 +28,19 @@ class WireModel(BaseModel):
     def _fold_case(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        by_lower = {
-            (field.alias or name).lower(): (field.alias or name) for name, field in cls.model_fields.items()
-        }
+        by_lower = _aliases_by_lower(cls)
         return {by_lower.get(k.lower(), k) if isinstance(k, str) else k: v for k, v in data.items()}
 
     def to_wire(self) -> dict[str, Any]:
         """JSON-ready dict with the Go field names, ``None`` as ``null`` (as Go writes nil)."""
         return self.model_dump(mode="json", by_alias=True)
+
+
+@functools.cache
+def _aliases_by_lower(cls: type[WireModel]) -> dict[str, str]:
+    """``cls``'s Go field names by their lower-case form (encoding/json matches keys
+    case-insensitively); computed once per model."""
+    return {(field.alias or name).lower(): (field.alias or name) for name, field in cls.model_fields.items()}
 
 
 class ExtenderArgs(WireModel):

@@ -128,6 +128,46 @@ def test_an_announced_list_is_used_as_its_decoding(names: list[str], pod: dict[s
     assert args.model_dump() == _general(raw).model_dump()
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    universe=st.lists(st.text(max_size=12), max_size=30, unique=True),
+    picks=st.lists(st.integers(0, 40), max_size=25),
+    stranger=st.booleans(),
+)
+def test_interned_names_decode_into_the_interned_strings(
+    universe: list[str], picks: list[int], stranger: bool
+) -> None:
+    """After intern(U), a list drawn from U decodes into U's own string objects; a list
+    with any other name decodes into new ones; either way what the general path gives."""
+    universe = [n.encode().decode() for n in universe]  # objects of their own
+    names = [universe[i % len(universe)] for i in picks] if universe else []
+    if stranger:
+        names.append("not-in-the-universe" + "".join(universe))
+    decoder = body.ExtenderArgsDecoder()
+    decoder.intern(universe)
+    decoder.intern(universe)  # the same list again: kept as it is
+    raw = _envelope({"metadata": {"name": "p"}}, names, compact=True)
+    args = decoder.decode(raw)
+    assert args is not None and args.node_names is not None
+    assert args.node_names == _general(raw).node_names == names
+    own = {id(n) for n in universe}
+    assert all(id(n) in own for n in args.node_names) == (not stranger or not names)
+
+
+def test_interning_a_new_universe_replaces_the_old() -> None:
+    first = [f"gpu-{i}".encode().decode() for i in range(3)]
+    second = [n.encode().decode() for n in first] + ["gpu-3"]
+    decoder = body.ExtenderArgsDecoder()
+    decoder.intern(first)
+    decoder.intern(second)
+    args = decoder.decode(_envelope({"metadata": {"name": "p"}}, ["gpu-3", "gpu-0"], compact=True))
+    assert args is not None and args.node_names is not None
+    assert [id(n) for n in args.node_names] == [id(second[3]), id(second[0])]
+    decoder.intern([])  # nothing to intern: lists decode into new strings
+    args = decoder.decode(_envelope({"metadata": {"name": "p"}}, ["gpu-1"], compact=True))
+    assert args is not None and args.node_names == ["gpu-1"] and args.node_names[0] is not second[1]
+
+
 def test_entries_are_bounded() -> None:
     decoder = body.ExtenderArgsDecoder(pods=2, lists=1)
     for i in range(5):

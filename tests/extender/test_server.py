@@ -243,6 +243,28 @@ async def test_prioritize_after_filter_reuses_the_filters_node_names(start: Any,
     assert scores == spaced
 
 
+async def test_candidate_lists_decode_into_the_filter_caches_universe(start: Any, store: MemoryStore) -> None:
+    """After a filter, the next candidate lists (any subset, any order) decode into the
+    strings of the filter cache's universe, so that its index finds them by identity."""
+    await seed_cluster(store)
+    client = await start()
+    pod = payloads.pod("p", gpus=2, priority="high", gpu_type=payloads.H20, spec_priority=1000)
+    headers = {"Content-Type": "application/json"}
+    first = await client.post("/filter", data=orjson.dumps(payloads.extender_args(pod, ALL)), headers=headers)
+    assert first.status == 200
+    universe = client.app[server.FILTER_CACHE].universe
+    assert sorted(universe) == sorted(ALL)
+    subset = list(reversed(ALL))[1:]
+    args = client.app[server.ARGS_DECODER].decode(orjson.dumps(payloads.extender_args(pod, subset)))
+    assert args is not None and args.node_names == subset
+    assert all(any(n is u for u in universe) for n in args.node_names)
+    second = await client.post(
+        "/filter", data=orjson.dumps(payloads.extender_args(pod, subset)), headers=headers
+    )
+    expected = await post(client, "filter", payloads.extender_args(pod, subset))  # the general way
+    assert await second.json() == expected
+
+
 # --------------------------------------------------------------------------- bind
 
 
