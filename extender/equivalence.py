@@ -556,13 +556,15 @@ class FilterCache:
         passes = entry.general_passes
         check: scheduling.Checker | None = None
         verdicts = result.verdicts
+        # bound once: an idle class's update re-checks hundreds of nodes
+        position, view_of, standby, reclaim = entry.index.get, nodes.get, entry.standby, req.reclaim
         for name in changed:
-            i = entry.index.get(name)
+            i = position(name)
             if i is None:
                 continue
-            view = nodes.get(name)
+            view = view_of(name)
             on_standby = view is not None and view.standby
-            if on_standby != entry.standby[i] or (on_standby and req.reclaim):
+            if on_standby != standby[i] or (on_standby and reclaim):
                 return False  # pool moved, or a standby verdict that hangs on the others
             if view is None:
                 new = scheduling.NO_GPUNODE
