@@ -8,8 +8,10 @@ otherwise. :class:`ExtenderArgsDecoder` serves ``/filter`` and ``/prioritize``: 
 sends the same pod to both and, with ``nodeCacheCapable``, mostly the same ``NodeNames``
 list cycle after cycle, so it splits the envelope with ``msgspec`` (the pod and the node
 list kept as raw JSON, unparsed) and decodes each part only when its bytes differ from a
-recent request's; anything not in that exact shape goes the general way, so replies and
-errors do not depend on which path a body took.
+recent request's. A node list it must decode comes out as the filter cache's own name
+strings (:meth:`ExtenderArgsDecoder.intern`) when every name is known. Anything not in that
+exact shape goes the general way, so replies and errors do not depend on which path a body
+took.
 
 Pure, no I/O. Neighbours: :mod:`extender.server` calls it; :mod:`flexlease.api.wire` holds
 the models.

@@ -664,7 +664,7 @@ class PriorityCache:
         by_name = entry.by_name
         fragments = list(map(by_name.get, names))
         computed = 0
-        if None in fragments:
+        if not all(fragments):  # a None among them (a fragment is never empty): truth tests, not == None
             scorer = scheduling.Scorer(req, keys)
             # the candidates without a score: C-level selection (a fragment is never empty)
             for i in compress(range(len(fragments)), map(not_, fragments)):
