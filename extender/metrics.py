@@ -13,14 +13,14 @@ aiohttp handler.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from extender.scheduling import Cause
+from extender.scheduling import Cause, Code, Verdict
 from extender.state import Inventory
 
 VERBS: Final = ("filter", "prioritize", "bind", "preempt")
@@ -65,14 +65,12 @@ class ExtenderMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.decisions = Counter(
-            DECISIONS,
-            "Extender decisions by verb, outcome and cause (filter: one per candidate node).",
-            ["verb", "outcome", "cause"],
-            registry=registry,
-        )
-        self._decision_children: dict[tuple[str, str, str], Any] = {}
-        """``decisions`` children by labels (outcomes and causes are bounded enums)."""
+        self._decisions: dict[tuple[str, str, str], float] = {}
+        """``decisions_total`` by (verb, outcome, cause), read at scrape time
+        (:class:`DecisionsCollector`): counting a filter's verdicts is a few dict updates,
+        not a locked prometheus-client child per label set."""
+        self._verdict_labels: dict[Verdict, tuple[str, str]] = {}
+        """(outcome, cause) of each interned :class:`~extender.scheduling.Verdict` seen."""
         self.bad_requests = Counter(
             BAD_REQUESTS,
             "Requests answered 4xx (malformed JSON, wrong types, unknown verb, body too large).",
@@ -88,7 +86,8 @@ class ExtenderMetrics:
             ("unschedulable", Cause.HELD_PREEMPTABLE),
             ("unresolvable", Cause.TOO_FEW_GPUS),
         ):
-            self.decisions.labels("filter", outcome, cause.value)
+            self._decisions[("filter", outcome, cause.value)] = 0.0
+        registry.register(DecisionsCollector(self._decisions))
         registry.register(InventoryCollector(inventory))
 
     def observe_request(self, verb: str, status: int, seconds: float) -> None:
@@ -98,14 +97,55 @@ class ExtenderMetrics:
             child = self._request_children[(verb, status)] = self.request_seconds.labels(verb, str(status))
         child.observe(seconds)
 
-    def count_decisions(self, verb: str, counts: dict[tuple[str, str], int]) -> None:
-        """Add ``{(outcome, cause): n}`` to ``decisions_total`` for ``verb``."""
-        children = self._decision_children
+    def count_decisions(self, verb: str, counts: Mapping[tuple[str, str], int]) -> None:
+        """Add ``{(outcome, cause): n}`` to ``decisions_total`` for ``verb`` (``n`` >= 0)."""
+        decisions = self._decisions
         for (outcome, cause), n in counts.items():
-            child = children.get((verb, outcome, cause))
-            if child is None:  # labels() per call costs more than the increment itself
-                child = children[(verb, outcome, cause)] = self.decisions.labels(verb, outcome, cause)
-            child.inc(n)
+            key = (verb, outcome, cause)
+            decisions[key] = decisions.get(key, 0.0) + n
+
+    def count_verdicts(self, verb: str, counts: Mapping[Verdict, int]) -> None:
+        """Add a filter's ``{verdict: nodes}`` to ``decisions_total`` for ``verb``: outcome
+        from the verdict's :class:`~extender.scheduling.Code`, cause from its
+        :class:`~extender.scheduling.Cause`. Verdicts are interned, so each one's labels
+        are worked out once (enum members hash in Python; a verdict by identity)."""
+        decisions, labels = self._decisions, self._verdict_labels
+        for v, n in counts.items():
+            outcome_cause = labels.get(v)
+            if outcome_cause is None:
+                if len(labels) >= _VERDICT_LABELS_LIMIT:
+                    labels.clear()
+                outcome_cause = labels[v] = (_OUTCOMES[v.code], v.cause.value)
+            key = (verb, *outcome_cause)
+            decisions[key] = decisions.get(key, 0.0) + n
+
+
+_OUTCOMES: Final = {
+    Code.SUCCESS: "success",
+    Code.UNSCHEDULABLE: "unschedulable",
+    Code.UNRESOLVABLE: "unresolvable",
+}
+"""The ``outcome`` label of a verdict's code."""
+_VERDICT_LABELS_LIMIT: Final = 4096
+"""Verdicts whose labels are kept at the most (then the table starts again)."""
+
+
+class DecisionsCollector(Collector):
+    """``flexlease_extender_decisions_total{verb, outcome, cause}`` from the counts
+    :class:`ExtenderMetrics` keeps (read at scrape time, in the event loop's thread)."""
+
+    def __init__(self, decisions: Mapping[tuple[str, str, str], float]) -> None:
+        self._decisions = decisions
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            DECISIONS,
+            "Extender decisions by verb, outcome and cause (filter: one per candidate node).",
+            labels=["verb", "outcome", "cause"],
+        )
+        for labels, value in sorted(self._decisions.items()):
+            family.add_metric(list(labels), value)
+        yield family
 
 
 class InventoryCollector(Collector):

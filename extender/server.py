@@ -45,7 +45,6 @@ from extender.binder import Binder
 from extender.equivalence import FilterCache, PriorityCache
 from extender.metrics import VERBS, ExtenderMetrics
 from extender.orchestrator import profile as profiles
-from extender.scheduling import Code
 from extender.state import Inventory
 from flexlease.api import pod as podapi
 from flexlease.api import wire
@@ -91,13 +90,6 @@ PODS: Final = web.AppKey("pods", podapi.ParsedPods)
 """Pods parsed in this scheduling cycle (filter, prioritize, preempt and bind share one parse)."""
 LEADER: Final[web.AppKey[LeaderCheck | None]] = web.AppKey("leader")
 """Named readiness checks; other components (leader election, lease controller) add theirs."""
-
-
-_OUTCOME: Final = {
-    Code.SUCCESS: "success",
-    Code.UNSCHEDULABLE: "unschedulable",
-    Code.UNRESOLVABLE: "unresolvable",
-}
 
 
 class _Disconnected(Exception):
@@ -357,11 +349,7 @@ async def filter_verb(request: web.Request) -> web.Response:
         req, snap.nodes, names, version=snap.version, changed_since=inv.changed_since, tagged=snap.tagged
     )
     request.app[ARGS_DECODER].intern(cache.universe)  # later lists decode into its strings
-    counts: dict[tuple[str, str], int] = {}
-    for v, n in result.counts.items():
-        ck = (_OUTCOME[v.code], v.cause.value)
-        counts[ck] = counts.get(ck, 0) + n
-    request.app[METRICS].count_decisions("filter", counts)
+    request.app[METRICS].count_verdicts("filter", result.counts)
     if log.isEnabledFor(logging.DEBUG):
         passed, failed, unresolvable = result.members()
         log.debug(

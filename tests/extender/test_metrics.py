@@ -6,6 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from extender.metrics import ExtenderMetrics
+from extender.scheduling import PASS, Cause, Code, Verdict
 from extender.state import Inventory
 from flexlease.store.base import EventType, WatchEvent
 from tests.extender import payloads
@@ -57,6 +58,24 @@ def test_known_labels_are_preinitialised_and_decisions_counted() -> None:
     )
     labels = {"verb": "filter", "outcome": "unresolvable", "cause": "wrong_type"}
     assert get("flexlease_extender_decisions_total", labels) == 2
+
+
+def test_filter_verdicts_are_counted_by_outcome_and_cause() -> None:
+    """Two verdicts with the same code and cause (other reasons) add up under one label set."""
+    registry = CollectorRegistry()
+    metrics = ExtenderMetrics(registry, Inventory())
+    few_ha = Verdict(Code.UNRESOLVABLE, Cause.TOO_FEW_GPUS, "fewer than 2 usable GPUs of tier HA")
+    few_ma = Verdict(Code.UNRESOLVABLE, Cause.TOO_FEW_GPUS, "fewer than 2 usable GPUs of tier MA")
+    held = Verdict(Code.UNSCHEDULABLE, Cause.HELD_PREEMPTABLE, "held by lower-priority pods")
+    for _ in range(2):
+        metrics.count_verdicts("filter", {PASS: 4, few_ha: 2, few_ma: 3, held: 1})
+    get = registry.get_sample_value
+    total = "flexlease_extender_decisions_total"
+    assert get(total, {"verb": "filter", "outcome": "success", "cause": "fits"}) == 8
+    assert get(total, {"verb": "filter", "outcome": "unresolvable", "cause": "too_few_gpus"}) == 10
+    assert get(total, {"verb": "filter", "outcome": "unschedulable", "cause": "held_preemptable"}) == 2
+    metrics.count_decisions("bind", {("bound", "fits"): 1})
+    assert get(total, {"verb": "bind", "outcome": "bound", "cause": "fits"}) == 1
 
 
 def test_one_registry_per_app_instance() -> None:
