@@ -53,6 +53,7 @@ import uvloop
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as Dockerfile.extender: no BLAS thread pool
 
 from extender import gcpolicy
 from extender import server as extserver

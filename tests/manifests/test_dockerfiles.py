@@ -59,3 +59,10 @@ def test_the_extender_runs_unprivileged_and_the_manifests_agree() -> None:
     assert spec["securityContext"]["runAsUser"] == uid
     (container,) = spec["containers"]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_the_extender_runs_numpy_without_a_blas_thread_pool() -> None:
+    """extender.fitarrays does element-wise work only: OpenBLAS's worker threads would only
+    spin on the pod's CPU quota."""
+    *_, final = stages(ROOT / "Dockerfile.extender")
+    assert ("ENV", "OPENBLAS_NUM_THREADS=1") in final
