@@ -108,7 +108,8 @@ class ExtenderMetrics:
         """Add a filter's ``{verdict: nodes}`` to ``decisions_total`` for ``verb``: outcome
         from the verdict's :class:`~extender.scheduling.Code`, cause from its
         :class:`~extender.scheduling.Cause`. Verdicts are interned, so each one's labels
-        are worked out once (enum members hash in Python; a verdict by identity)."""
+        are worked out once, looked up by identity (an enum member's ``.value`` is a
+        Python-level property, read per verdict before)."""
         decisions, labels = self._decisions, self._verdict_labels
         for v, n in counts.items():
             outcome_cause = labels.get(v)
