@@ -121,12 +121,8 @@ class ExtenderMetrics:
             decisions[key] = decisions.get(key, 0.0) + n
 
 
-_OUTCOMES: Final = {
-    Code.SUCCESS: "success",
-    Code.UNSCHEDULABLE: "unschedulable",
-    Code.UNRESOLVABLE: "unresolvable",
-}
-"""The ``outcome`` label of a verdict's code."""
+_OUTCOMES: Final = dict(zip((Code.SUCCESS, Code.UNSCHEDULABLE, Code.UNRESOLVABLE), OUTCOMES, strict=True))
+"""The ``outcome`` label (:data:`OUTCOMES`) of a verdict's code."""
 _VERDICT_LABELS_LIMIT: Final = 4096
 """Verdicts whose labels are kept at the most (then the table starts again)."""
 

@@ -1,7 +1,7 @@
 """Instructions per scheduling cycle of the extender, counted by cachegrind: a figure that
 does not move with the VM's speed.
 
-Usage: ``python hack/bench_instructions.py [--short 100] [--long 600] [--cpu 1] [--keep DIR]
+Usage: ``python hack/bench_instructions.py [--short 100] [--long 600] [--cpu 0] [--keep DIR]
 [-- BENCH-ARGS...]``
 
 Wall-clock and CPU times on the shared 2-core VM this project is developed on move by a
