@@ -50,6 +50,32 @@ _NO_GPUNODE: Final = 15
 _GENERAL, _STANDBY_POOL, _ABSENT = 0, 1, 2
 """Kinds of node (``kind`` array): general pool, standby pool, no GPUNode."""
 
+_WORD: Final = 8
+"""Bytes in a ``uint64``: rows are padded to a multiple of this many devices, so a row of
+booleans (one byte each, 0 or 1) reads as whole 64-bit words (:func:`_count`, :func:`_any`)."""
+
+
+def _count(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.intp]:
+    """The number of True devices in each row of ``mask`` (shape ``(nodes, width)``, width a
+    multiple of :data:`_WORD`): each True byte is one set bit, so the population count
+    (``np.bitwise_count``, NumPy 2.0) of the row's 64-bit words is the count. At 1,250 × 8
+    this takes about 1.3 µs against 25 µs for ``mask.sum(axis=1)``, which casts every byte
+    and runs a reduction loop of eight per row (micro-benchmark, 2-core VM)."""
+    bits: npt.NDArray[np.uint8] = np.bitwise_count(mask.view(np.uint64))
+    counts: npt.NDArray[np.intp] = (
+        bits[:, 0].astype(np.intp) if bits.shape[1] == 1 else bits.sum(axis=1, dtype=np.intp)
+    )
+    return counts
+
+
+def _any(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """Whether each row of ``mask`` (as for :func:`_count`) holds a True device: a row is any
+    True when one of its 64-bit words is not zero (1.3 µs against 17.5 µs for
+    ``mask.any(axis=1)`` at 1,250 × 8)."""
+    words: npt.NDArray[np.uint64] = mask.view(np.uint64)
+    found: npt.NDArray[np.bool_] = words[:, 0] != 0 if words.shape[1] == 1 else (words != 0).any(axis=1)
+    return found
+
 
 class FitArrays:
     """The devices of a list of nodes (``views``, None for a node without a GPUNode) as
@@ -74,8 +100,10 @@ class FitArrays:
         self.kind: npt.NDArray[np.int8] = np.zeros(0, np.int8)
 
     def load(self, views: Sequence[NodeView | None]) -> None:
-        """Fill the arrays from ``views`` (every row)."""
-        self._width = max((len(v.devices) for v in views if v is not None), default=0)
+        """Fill the arrays from ``views`` (every row). The width is the most devices on one
+        node rounded up to a multiple of :data:`_WORD` (padding: no device)."""
+        most = max((len(v.devices) for v in views if v is not None), default=0)
+        self._width = -(-most // _WORD) * _WORD
         self.size = len(views)
         self.views = list(views)
         rows = self._rows(range(self.size))
@@ -173,21 +201,21 @@ class FitArrays:
             own = self._owners.get(exact.owner, -1) if exact.owner is not None else -1
             allowed = (self.owner == 0) | (self.owner == own)
             usable_at = tiered & allowed
-            foreign = (tiered & ~allowed).any(axis=1)
+            foreign = _any(tiered & ~allowed)
         else:  # a low-priority pod may use any tag
             usable_at = tiered
             foreign = np.zeros(self.size, np.bool_)
-        total = present.sum(axis=1)
-        matching = match.sum(axis=1)
-        usable = usable_at.sum(axis=1)
-        free = (usable_at & self.free).sum(axis=1)
+        total = _count(present)
+        matching = _count(match)
+        usable = _count(usable_at)
+        free = _count(usable_at & self.free)
         branch = np.full(self.size, _HELD, np.int8)
         if keys.preemptor is not None:  # scheduling.preemptable_by: held by lower-priority pods
-            evictable = (usable_at & (self.low < keys.preemptor)).sum(axis=1)
+            evictable = _count(usable_at & (self.low < keys.preemptor))
             branch[free + evictable >= need] = _HELD_PREEMPTABLE
         short = usable < need
-        unhealthy = (match & ~self.healthy).any(axis=1)
-        below = (healthy & (self.rank < need_rank)).any(axis=1)
+        unhealthy = _any(match & ~self.healthy)
+        below = _any(healthy & (self.rank < need_rank))
         parts = unhealthy.astype(np.int8) + 2 * below.astype(np.int8) + 4 * foreign.astype(np.int8)
         branch[short] = _NOT_USABLE + parts[short]
         branch[matching < need] = _WRONG_TYPE

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from extender import fitarrays, scheduling
 from extender.fitarrays import FitArrays
@@ -18,6 +20,20 @@ def node_lists(draw: st.DrawFn) -> list[NodeView | None]:
     """Nodes alike in few shapes, some without a GPUNode (None)."""
     nodes: list[NodeView | None] = list(draw(alike_nodes()))
     for _ in range(draw(st.integers(0, 2))):
+        nodes.insert(draw(st.integers(0, len(nodes))), None)
+    return nodes
+
+
+@st.composite
+def wide_node_lists(draw: st.DrawFn) -> list[NodeView | None]:
+    """Nodes of 9 to 24 devices and fewer (rows of two or three 64-bit words), some without
+    a GPUNode."""
+    shapes = draw(st.lists(_shape(), min_size=1, max_size=3))
+    nodes: list[NodeView | None] = []
+    for i in range(draw(st.integers(1, 8))):
+        pool, devices = shapes[draw(st.integers(0, len(shapes) - 1))]
+        nodes.append(_build(f"w{i}", (pool, devices * draw(st.integers(1, 3)))))
+    if draw(st.booleans()):
         nodes.insert(draw(st.integers(0, len(nodes))), None)
     return nodes
 
@@ -59,6 +75,31 @@ def test_array_filter_equals_the_per_node_filter(
                 code, cause, reason = reference_verdict(req, n)
                 assert (v.code, v.cause, v.reason) == (code, cause, reason)
                 assert CAUSES[b] is cause
+
+
+@settings(max_examples=200, deadline=None)
+@given(reqs=st.lists(requests, min_size=1, max_size=3), nodes=wide_node_lists())
+def test_rows_of_several_words_filter_as_the_per_node_filter(
+    reqs: list[GpuRequest], nodes: list[NodeView | None]
+) -> None:
+    arrays = FitArrays()
+    arrays.load(nodes)
+    for req in reqs:
+        keys = RequestKeys.of(req)
+        verdicts, standby_at = arrays.filter_pools(req, keys)
+        want, want_standby = scheduling.filter_pools(req, nodes)
+        assert _triples(verdicts) == _triples(want)
+        assert standby_at == want_standby
+
+
+@given(
+    masks=st.integers(0, 4).flatmap(
+        lambda words: hnp.arrays(np.bool_, st.tuples(st.integers(0, 9), st.just(8 * words)))
+    )
+)
+def test_word_counts_equal_the_row_reductions(masks: np.ndarray) -> None:
+    assert fitarrays._count(masks).tolist() == masks.sum(axis=1).tolist()
+    assert fitarrays._any(masks).tolist() == masks.any(axis=1).tolist()
 
 
 @settings(max_examples=150, deadline=None)
