@@ -384,7 +384,7 @@ async def _server(
     app = extserver.create_app(settings, store, extra_contexts=contexts)
     cache = app[extserver.FILTER_CACHE]
     recorded: dict[str, list[float]] = {
-        v: [] for v in (*VERBS, "empty", "filter_full", "filter_incr", "filter_derived")
+        v: [] for v in (*VERBS, "empty", "filter_full", "filter_incr", "filter_derived", "filter_refiltered")
     }
     filter_parts: list[str] = []  # each filter's kind, in the order of recorded["filter"]
     on_cpu: dict[str, list[float]] = {v: [] for v in VERBS}  # the handlers' CPU seconds
@@ -402,7 +402,7 @@ async def _server(
         start, cpu = time.perf_counter(), time.thread_time()
         spent = [0.0]
         store_cpu.set(spent)
-        full, derived = cache.full, cache.derived
+        full, derived, refiltered = cache.full, cache.derived, cache.refiltered
         verb = request.path.lstrip("/")
         if verb == "empty" and not serving_cpu[1]:
             serving_cpu[1] = time.process_time()  # the cycles are done: the floor comes last
@@ -419,6 +419,8 @@ async def _server(
                 filter_parts.append(
                     "filter_full"
                     if cache.full > full
+                    else "filter_refiltered"
+                    if cache.refiltered > refiltered
                     else "filter_derived"
                     if cache.derived > derived
                     else "filter_incr"
@@ -491,7 +493,9 @@ async def _server(
             "summary": inv.summary(),
             "gc": gc_pauses,
             "frozen": gc.get_freeze_count(),
-            "cache": tuple(parts.count(p) for p in ("filter_full", "filter_incr", "filter_derived")),
+            "cache": tuple(
+                parts.count(p) for p in ("filter_full", "filter_incr", "filter_derived", "filter_refiltered")
+            ),
         }
     )
     for runner in runners:
@@ -766,6 +770,7 @@ def report(
         ("filter_incr", "filter, incremental"),
         ("filter_derived", "filter, new class derived from its family"),
         ("filter_full", "filter, full (new class)"),
+        ("filter_refiltered", "filter, known class filtered again over the arrays (many nodes changed)"),
     ):
         if rec[part]:
             row = [
@@ -824,8 +829,11 @@ def report(
     )
     gc_cpu = sum(c for _, _, c in pauses) / (len(t["cycle"]) + args.warmup)
     print(f"server GC CPU per cycle (every generation, warm-up included): {gc_cpu * 1000:.3f} ms")
-    full, incremental, derived = server["cache"]
-    print(f"filter cache (measured cycles): {full} full / {derived} derived / {incremental} incremental")
+    full, incremental, derived, refiltered = server["cache"]
+    print(
+        f"filter cache (measured cycles): {full} full / {derived} derived / {incremental} incremental"
+        f" / {refiltered} refiltered"
+    )
 
 
 def scaling_table(rows: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import random
 from typing import Any
+from unittest import mock
 
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender import scheduling
+from extender import equivalence, scheduling
 from extender.equivalence import BLOCK, FilterCache, PriorityCache
 from extender.scheduling import Code
 from extender.state import Inventory
@@ -128,8 +129,18 @@ SCORED = [
 
 
 @settings(max_examples=80, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), steps=st.integers(1, 60))
-def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    steps=st.integers(1, 60),
+    # the shipped threshold, and low ones, so that twelve nodes also take the refilter path
+    refilter_above=st.sampled_from([equivalence.REFILTER_ABOVE, 0, 1, 3]),
+)
+def test_cached_filter_equals_full_filter(seed: int, steps: int, refilter_above: int) -> None:
+    with mock.patch.object(equivalence, "REFILTER_ABOVE", refilter_above):
+        _cached_filter_equals_full_filter(seed, steps)
+
+
+def _cached_filter_equals_full_filter(seed: int, steps: int) -> None:
     rng = random.Random(seed)
     inv = cluster(rng)
     cache = FilterCache(max_classes=3)
@@ -167,7 +178,7 @@ def test_cached_filter_equals_full_filter(seed: int, steps: int) -> None:
             "FailedAndUnresolvableNodes": got.unresolvable,
             "Error": "",
         }
-    assert cache.full + cache.incremental + cache.derived == steps
+    assert cache.full + cache.refiltered + cache.incremental + cache.derived == steps
 
 
 def test_reuses_results_for_any_subset_and_order_of_the_nodes_seen() -> None:
@@ -188,7 +199,42 @@ def test_reuses_results_for_any_subset_and_order_of_the_nodes_seen() -> None:
     grown = [*shuffled, "new-node"]
     cache.filter(req, snap.nodes, grown, version=snap.version, changed_since=inv.changed_since)
     cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
-    assert (cache.full, cache.incremental) == (2, 3)
+    assert (cache.full, cache.refiltered, cache.incremental) == (1, 1, 3)
+
+
+def _hold(inv: Inventory, name: str, uid: str) -> None:
+    """A running pod takes GPU 0 of node ``name``: the node's view changes."""
+    pod = payloads.pod(uid, uid=uid, node_name=name, phase="Running", annotations=payloads.assigned(name, 0))
+    inv.apply_pod_event(WatchEvent(EventType.ADDED, pod))
+
+
+def test_an_idle_class_is_filtered_again_over_the_arrays_past_the_threshold() -> None:
+    """A class with more changed nodes to re-check than REFILTER_ABOVE plus the rows the
+    arrays lag behind is filtered again over the arrays; with the arrays lagging as far, it
+    re-checks the nodes one by one. Either way it answers as a full filter does."""
+    inv = cluster(random.Random(1))
+    cache = FilterCache()
+    idle, other = parse_pod(PODS[0]), parse_pod(PODS[1])
+
+    def run(req: GpuRequest) -> None:
+        snap = inv.snapshot()
+        got = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+        assert got.verdicts == scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
+
+    with mock.patch.object(equivalence, "REFILTER_ABOVE", 2):
+        run(idle)  # a new class: full, the arrays made now
+        for i in range(4):
+            _hold(inv, NAMES[i], f"a{i}")
+        run(other)  # a new class: full, the arrays brought up to date (lag 0)
+        run(idle)  # 4 changed nodes > 2 + 0
+        assert (cache.full, cache.refiltered, cache.incremental) == (2, 1, 0)
+        for i in range(4, 8):
+            _hold(inv, NAMES[i], f"b{i}")
+        run(idle)  # 4 changed nodes, not above 2 + the arrays' lag of 4: one by one
+        assert (cache.full, cache.refiltered, cache.incremental) == (2, 1, 1)
+        _hold(inv, NAMES[8], "c8")
+        run(idle)  # one changed node: one by one
+        assert (cache.full, cache.refiltered, cache.incremental) == (2, 1, 2)
 
 
 def test_a_reclaim_pod_gets_the_standby_pool_when_no_general_candidate_fits() -> None:
@@ -219,7 +265,7 @@ def test_the_universe_starts_again_when_departed_nodes_fill_it() -> None:
         req, snap.nodes, [*NAMES, "new-node"], version=snap.version, changed_since=inv.changed_since
     )
     assert cache._names == [*NAMES, "new-node"]  # the departed names were dropped
-    assert result.names == cache._names and cache.full == 2
+    assert result.names == cache._names and (cache.full, cache.refiltered) == (1, 1)
 
 
 def test_reply_encoded_by_blocks_reencodes_only_changed_blocks() -> None:
