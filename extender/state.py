@@ -526,7 +526,9 @@ class Inventory:
 
         Call right after choosing the devices from a :meth:`snapshot`, with no ``await`` in
         between. ``low`` and ``priority_value`` describe the pod (as its claim will once the
-        watch delivers it), so the confirmation leaves the node's view as it is. Raises
+        watch delivers it), so the confirmation leaves the node's view as it is. With no change
+        pending since that snapshot, the devices taken are read from the node's view (built
+        from the same claims and reservations) instead of resolving them again. Raises
         :class:`~flexlease.errors.Conflict` when a device is unknown, already held or
         reserved, or the pod already has a reservation.
         """
@@ -536,7 +538,11 @@ class Inventory:
         n = self._nodes.get(node)
         if n is None:
             raise Conflict(f"node {node} has no GPUNode")
-        taken = self._taken(node)
+        view = self._views.get(node) if not self._dirty and self._built_from.get(node) is n else None
+        if view is not None:  # current (nothing changed since the last snapshot): its holders
+            taken = {d.index: d.holder for d in view.devices if d.holder is not None}
+        else:
+            taken = self._taken(node)
         for i in indices:
             if i not in n.devices:
                 raise Conflict(f"{node} has no GPU {i}")
