@@ -8,9 +8,9 @@ cache keeps, per class, the verdict of every candidate node and the reply built 
 and on the next request of that class re-checks only the nodes the inventory reports as
 changed since (:meth:`extender.state.Inventory.changed_since`). A change log that no longer
 reaches back, or a flip of "some general node fits" for a reclaim pod (which changes every
-standby verdict) falls back to a full filter, as does a class with more changed nodes to
-re-check than a full filter over the arrays costs (:data:`REFILTER_ABOVE`): a class idle
-for a few hundred cycles.
+standby verdict) falls back to a full filter. A class with many changed nodes to re-check
+(one idle for a few hundred cycles) re-checks every node over the arrays instead, in place
+(:data:`ARRAY_RECHECK_ABOVE`).
 
 kube-scheduler does not send one candidate list: it sends the nodes its own filters pass
 (those with enough free ``nvidia.com/gpu`` for this pod, so the list shrinks as pods bind and
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import chain, compress
-from operator import not_
+from operator import is_not, not_
 from typing import Final, NamedTuple, cast
 
 import orjson
@@ -42,15 +42,16 @@ from extender.scheduling import Code, FitKey, NodeView, RequestKeys, Verdict
 from flexlease.api.pod import GpuRequest
 
 DEFAULT_MAX_CLASSES: Final = 128
-REFILTER_ABOVE: Final = 64
-"""A class with more changed nodes to re-check than this many plus the rows the arrays lag
-behind (nodes changed since :class:`extender.fitarrays.FitArrays` were last brought up to
-date) is filtered again over the arrays instead. Both paths cost Python work per node (a
-node check, or a row rewritten, ≈ 4 µs each at 1,250 nodes, hot micro-benchmark), and the
-array filter itself about as much as 25–60 node checks (≈ 0.1 ms hot), so past this the
-refilter is no dearer and its cost stops growing with the class's idle time. Measured in
-``hack/bench_extender.py``: instructions per cycle unchanged, the incremental filters' p99
-20–26 % lower (README, "eighth round")."""
+ARRAY_RECHECK_ABOVE: Final = 64
+"""A class (not a reclaim one) with more changed nodes to re-check than this many plus the
+rows the arrays lag behind (nodes changed since :class:`extender.fitarrays.FitArrays` were
+last brought up to date) re-checks every node over the arrays instead, and changes its
+verdicts in place where they differ (:meth:`FilterCache._update_over`). One by one, each
+changed node costs Python work (a check, ≈ 4 µs at 1,250 nodes in a hot micro-benchmark,
+3–5 times that in the server, whose caches are cold); over the arrays, each row the arrays
+lag behind costs about as much, plus one vectorised pass (≈ 0.1 ms hot). So past this the
+pass is no dearer, and its cost stops growing with the class's idle time (README, "eighth
+round")."""
 _UNIVERSE_SLACK: Final = 1024
 """Names the universe may hold beyond twice the snapshot's nodes (nodes that left the
 cluster, candidates without a GPUNode) before it starts again (:meth:`FilterCache._positions`)."""
@@ -335,10 +336,12 @@ class FilterCache:
         self.full = 0
         """Full filters of a class with no entry (a new class, or one dropped as least used)."""
         self.refiltered = 0
-        """Full filters of a class with an entry: past :data:`REFILTER_ABOVE`, a new universe,
-        a change log that no longer reaches back, a reclaim class's standby verdicts."""
+        """Full filters of a class with an entry: a new universe, a change log that no longer
+        reaches back, a reclaim class's standby verdicts."""
         self.incremental = 0
         self.derived = 0
+        self.over_arrays = 0
+        """Incremental and derived filters whose nodes were re-checked over the arrays."""
 
     @property
     def universe(self) -> list[str]:
@@ -387,7 +390,12 @@ class FilterCache:
             and (
                 entry.result.version == version
                 or self._update(
-                    req, entry, nodes, version, self._rechecks(entry.result.version, version, changed_since)
+                    req,
+                    entry,
+                    nodes,
+                    version,
+                    changed_since(entry.result.version),
+                    changed_since=changed_since,
                 )
             )
         ):
@@ -505,30 +513,33 @@ class FilterCache:
             return None
 
         assert sibling_key is not None
-        changed = self._rechecks(sibling.result.version, version, changed_since)
+        changed = changed_since(sibling.result.version)
         if changed is None:
             return None
         changed |= _either(tagged, req.owner, sibling_key[0].exact.owner)
         entry = sibling.copy()
-        return entry if self._update(req, entry, nodes, version, changed) else None
+        updated = self._update(req, entry, nodes, version, changed, changed_since=changed_since)
+        return entry if updated else None
 
-    def _rechecks(
-        self, since: int, version: int, changed_since: Callable[[int], set[str] | None]
-    ) -> set[str] | None:
-        """The nodes changed between snapshots ``since`` and ``version``, to re-check one by
-        one; None when a full filter over the arrays is needed (the change log does not
-        reach back) or cheaper (more of them than :data:`REFILTER_ABOVE` plus the arrays'
-        lag, and the arrays were made for this universe)."""
-        changed = changed_since(since)
-        if changed is None or len(changed) <= REFILTER_ABOVE:
-            return changed
+    def _arrays_for(
+        self,
+        rechecks: int,
+        nodes: Mapping[str, NodeView],
+        version: int,
+        changed_since: Callable[[int], set[str] | None],
+    ) -> FitArrays | None:
+        """The arrays at ``version`` when re-checking ``rechecks`` nodes over them is no
+        dearer than one by one (more than :data:`ARRAY_RECHECK_ABOVE` plus the rows they lag
+        behind, and made for this universe); else None."""
+        if rechecks <= ARRAY_RECHECK_ABOVE:
+            return None
         kept = self._arrays_of
         if kept is None or kept[0] is not self._names or kept[1] > version:
-            return changed  # the arrays would be loaded afresh (≈ 10 ms at 1,250 nodes)
+            return None  # they would be loaded afresh (≈ 10 ms at 1,250 nodes)
         lag = changed_since(kept[1]) if kept[1] != version else set()
-        if lag is None or len(changed) <= REFILTER_ABOVE + len(lag):
-            return changed
-        return None
+        if lag is None or rechecks <= ARRAY_RECHECK_ABOVE + len(lag):
+            return None
+        return self._arrays_at(nodes, version, changed_since)
 
     def _arrays_at(
         self, nodes: Mapping[str, NodeView], version: int, changed_since: Callable[[int], set[str] | None]
@@ -578,20 +589,27 @@ class FilterCache:
             result=FilterResult(version, names, verdicts, counts, _Blocks.of(len(names))),
         )
 
-    @staticmethod
     def _update(
+        self,
         req: GpuRequest,
         entry: _Entry,
         nodes: Mapping[str, NodeView],
         version: int,
         changed: set[str] | None,
+        *,
+        changed_since: Callable[[int], set[str] | None],
     ) -> bool:
-        """Re-check the ``changed`` nodes (None: a full filter instead, see :meth:`_rechecks`)
-        and bring ``entry`` to ``version``; False when a full filter is needed instead."""
+        """Re-check the ``changed`` nodes (one by one, or every node over the arrays: see
+        :data:`ARRAY_RECHECK_ABOVE`) and bring ``entry`` to ``version``; False when a full
+        filter is needed instead (``changed`` None: the change log does not reach back)."""
         result = entry.result
         if changed is None:
             return False
         keys = RequestKeys.of(req)
+        arrays = None if req.reclaim else self._arrays_for(len(changed), nodes, version, changed_since)
+        if arrays is not None and self._update_over(req, keys, entry, version, arrays):
+            self.over_arrays += 1
+            return True
         updates: list[tuple[int, Verdict]] = []
         passes = entry.general_passes
         check: scheduling.Checker | None = None
@@ -624,6 +642,31 @@ class FilterCache:
         for i, new in updates:
             result.changed(i, new)
         entry.general_passes = passes
+        result.version = version
+        return True
+
+    @staticmethod
+    def _update_over(
+        req: GpuRequest, keys: RequestKeys, entry: _Entry, version: int, arrays: FitArrays
+    ) -> bool:
+        """Every node of a non-reclaim class (``req``) re-checked over ``arrays`` (at
+        ``version``, made for the entry's universe), the entry's verdicts changed in place
+        where they differ: no per-node Python work but for the differences, and no new
+        result for the collector to traverse. False when the rows are not the entry's."""
+        verdicts, standby_at = arrays.filter_pools(req, keys)
+        result = entry.result
+        old = result.verdicts
+        if len(verdicts) != len(old):
+            return False
+        for i in compress(range(len(old)), map(is_not, old, verdicts)):
+            result.changed(i, verdicts[i])
+        standby = entry.standby
+        if standby.count(1) != len(standby_at) or not all(map(standby.__getitem__, standby_at)):
+            entry.standby = standby = bytearray(len(old))  # nodes moved between pools
+            for i in standby_at:
+                standby[i] = 1
+        # a non-reclaim pod's standby verdicts never pass: every pass is a general node's
+        entry.general_passes = result.counts.get(scheduling.PASS, 0)
         result.version = version
         return True
 

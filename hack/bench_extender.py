@@ -384,7 +384,16 @@ async def _server(
     app = extserver.create_app(settings, store, extra_contexts=contexts)
     cache = app[extserver.FILTER_CACHE]
     recorded: dict[str, list[float]] = {
-        v: [] for v in (*VERBS, "empty", "filter_full", "filter_incr", "filter_derived", "filter_refiltered")
+        v: []
+        for v in (
+            *VERBS,
+            "empty",
+            "filter_full",
+            "filter_incr",
+            "filter_derived",
+            "filter_refiltered",
+            "filter_arrays",
+        )
     }
     filter_parts: list[str] = []  # each filter's kind, in the order of recorded["filter"]
     on_cpu: dict[str, list[float]] = {v: [] for v in VERBS}  # the handlers' CPU seconds
@@ -402,7 +411,7 @@ async def _server(
         start, cpu = time.perf_counter(), time.thread_time()
         spent = [0.0]
         store_cpu.set(spent)
-        full, derived, refiltered = cache.full, cache.derived, cache.refiltered
+        full, derived, refiltered, arrays = cache.full, cache.derived, cache.refiltered, cache.over_arrays
         verb = request.path.lstrip("/")
         if verb == "empty" and not serving_cpu[1]:
             serving_cpu[1] = time.process_time()  # the cycles are done: the floor comes last
@@ -421,6 +430,8 @@ async def _server(
                     if cache.full > full
                     else "filter_refiltered"
                     if cache.refiltered > refiltered
+                    else "filter_arrays"
+                    if cache.over_arrays > arrays
                     else "filter_derived"
                     if cache.derived > derived
                     else "filter_incr"
@@ -494,7 +505,14 @@ async def _server(
             "gc": gc_pauses,
             "frozen": gc.get_freeze_count(),
             "cache": tuple(
-                parts.count(p) for p in ("filter_full", "filter_incr", "filter_derived", "filter_refiltered")
+                parts.count(p)
+                for p in (
+                    "filter_full",
+                    "filter_incr",
+                    "filter_derived",
+                    "filter_refiltered",
+                    "filter_arrays",
+                )
             ),
         }
     )
@@ -770,7 +788,8 @@ def report(
         ("filter_incr", "filter, incremental"),
         ("filter_derived", "filter, new class derived from its family"),
         ("filter_full", "filter, full (new class)"),
-        ("filter_refiltered", "filter, known class filtered again over the arrays (many nodes changed)"),
+        ("filter_arrays", "filter, many changed nodes re-checked over the arrays (incremental or derived)"),
+        ("filter_refiltered", "filter, known class filtered afresh (new universe, change log too short)"),
     ):
         if rec[part]:
             row = [
@@ -829,10 +848,10 @@ def report(
     )
     gc_cpu = sum(c for _, _, c in pauses) / (len(t["cycle"]) + args.warmup)
     print(f"server GC CPU per cycle (every generation, warm-up included): {gc_cpu * 1000:.3f} ms")
-    full, incremental, derived, refiltered = server["cache"]
+    full, incremental, derived, refiltered, arrays = server["cache"]
     print(
         f"filter cache (measured cycles): {full} full / {derived} derived / {incremental} incremental"
-        f" / {refiltered} refiltered"
+        f" / {arrays} re-checked over the arrays / {refiltered} known class filtered afresh"
     )
 
 

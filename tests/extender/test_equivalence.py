@@ -132,11 +132,11 @@ SCORED = [
 @given(
     seed=st.integers(0, 2**32 - 1),
     steps=st.integers(1, 60),
-    # the shipped threshold, and low ones, so that twelve nodes also take the refilter path
-    refilter_above=st.sampled_from([equivalence.REFILTER_ABOVE, 0, 1, 3]),
+    # the shipped threshold, and low ones, so that twelve nodes are also re-checked over the arrays
+    recheck_above=st.sampled_from([equivalence.ARRAY_RECHECK_ABOVE, 0, 1, 3]),
 )
-def test_cached_filter_equals_full_filter(seed: int, steps: int, refilter_above: int) -> None:
-    with mock.patch.object(equivalence, "REFILTER_ABOVE", refilter_above):
+def test_cached_filter_equals_full_filter(seed: int, steps: int, recheck_above: int) -> None:
+    with mock.patch.object(equivalence, "ARRAY_RECHECK_ABOVE", recheck_above):
         _cached_filter_equals_full_filter(seed, steps)
 
 
@@ -208,33 +208,63 @@ def _hold(inv: Inventory, name: str, uid: str) -> None:
     inv.apply_pod_event(WatchEvent(EventType.ADDED, pod))
 
 
-def test_an_idle_class_is_filtered_again_over_the_arrays_past_the_threshold() -> None:
-    """A class with more changed nodes to re-check than REFILTER_ABOVE plus the rows the
-    arrays lag behind is filtered again over the arrays; with the arrays lagging as far, it
-    re-checks the nodes one by one. Either way it answers as a full filter does."""
+def test_an_idle_class_rechecks_its_nodes_over_the_arrays_past_the_threshold() -> None:
+    """A class with more changed nodes to re-check than ARRAY_RECHECK_ABOVE plus the rows the
+    arrays lag behind re-checks them together over the arrays, in its own entry; with the
+    arrays lagging as far, one by one. Either way it answers as a full filter does."""
     inv = cluster(random.Random(1))
     cache = FilterCache()
     idle, other = parse_pod(PODS[0]), parse_pod(PODS[1])
+
+    def run(req: GpuRequest) -> list[scheduling.Verdict]:
+        snap = inv.snapshot()
+        got = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+        assert got.verdicts == scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
+        return got.verdicts
+
+    with mock.patch.object(equivalence, "ARRAY_RECHECK_ABOVE", 2):
+        kept = run(idle)  # a new class: full, the arrays made now
+        for i in range(4):
+            _hold(inv, NAMES[i], f"a{i}")
+        run(other)  # a new class: full, the arrays brought up to date (lag 0)
+        assert run(idle) is kept  # 4 changed nodes > 2 + 0: over the arrays, in place
+        assert (cache.full, cache.incremental, cache.over_arrays) == (2, 1, 1)
+        for i in range(4, 8):
+            _hold(inv, NAMES[i], f"b{i}")
+        run(idle)  # 4 changed nodes, not above 2 + the arrays' lag of 4: one by one
+        assert (cache.full, cache.incremental, cache.over_arrays) == (2, 2, 1)
+        _hold(inv, NAMES[8], "c8")
+        run(idle)  # one changed node: one by one
+        assert (cache.full, cache.incremental, cache.over_arrays, cache.refiltered) == (2, 3, 1, 0)
+
+
+def test_nodes_trading_pools_are_rechecked_over_the_arrays_in_place() -> None:
+    """A general node moving to the standby pool while a standby node moves back (as many
+    standby nodes as before): the pass over the arrays changes the verdicts and the entry's
+    pools in place, so a later change is re-checked one by one, not filtered afresh."""
+    inv = cluster(random.Random(1))
+    cache = FilterCache()
+    req, other = parse_pod(PODS[0]), parse_pod(PODS[1])
 
     def run(req: GpuRequest) -> None:
         snap = inv.snapshot()
         got = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
         assert got.verdicts == scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
 
-    with mock.patch.object(equivalence, "REFILTER_ABOVE", 2):
-        run(idle)  # a new class: full, the arrays made now
-        for i in range(4):
-            _hold(inv, NAMES[i], f"a{i}")
-        run(other)  # a new class: full, the arrays brought up to date (lag 0)
-        run(idle)  # 4 changed nodes > 2 + 0
-        assert (cache.full, cache.refiltered, cache.incremental) == (2, 1, 0)
-        for i in range(4, 8):
-            _hold(inv, NAMES[i], f"b{i}")
-        run(idle)  # 4 changed nodes, not above 2 + the arrays' lag of 4: one by one
-        assert (cache.full, cache.refiltered, cache.incremental) == (2, 1, 1)
-        _hold(inv, NAMES[8], "c8")
-        run(idle)  # one changed node: one by one
-        assert (cache.full, cache.refiltered, cache.incremental) == (2, 1, 2)
+    def pool(i: int, name: str) -> None:
+        obj = payloads.gpunode(NAMES[i], gpus=4, owners=_owners(i), pool=name, checkpoints=_checkpoints(i))
+        inv.apply_node_event(WatchEvent(EventType.MODIFIED, obj))
+
+    with mock.patch.object(equivalence, "ARRAY_RECHECK_ABOVE", 0):
+        run(req)
+        pool(2, "standby")
+        pool(9, "general")
+        run(other)  # a new class: full, the arrays brought up to date
+        run(req)  # 2 changed nodes > 0 + a lag of 0: over the arrays
+        assert (cache.full, cache.over_arrays, cache.refiltered) == (2, 1, 0)
+        _hold(inv, NAMES[9], "now-general")
+        run(req)  # 1 changed node, not above 0 + a lag of 1: one by one, n9 now general
+        assert (cache.full, cache.over_arrays, cache.refiltered, cache.incremental) == (2, 1, 0, 2)
 
 
 def test_a_reclaim_pod_gets_the_standby_pool_when_no_general_candidate_fits() -> None:
