@@ -43,10 +43,10 @@ from flexlease.api.pod import GpuRequest
 
 DEFAULT_MAX_CLASSES: Final = 128
 ARRAY_RECHECK_ABOVE: Final = 64
-"""A class (not a reclaim one) with more changed nodes to re-check than this many plus the
-rows the arrays lag behind (nodes changed since :class:`extender.fitarrays.FitArrays` were
-last brought up to date) re-checks every node over the arrays instead, and changes its
-verdicts in place where they differ (:meth:`FilterCache._update_over`). One by one, each
+"""A class with more changed nodes to re-check than this many plus the rows the arrays lag
+behind (nodes changed since :class:`extender.fitarrays.FitArrays` were last brought up to
+date) re-checks every node over the arrays instead, and changes its verdicts in place where
+they differ (:meth:`FilterCache._update_over`). One by one, each
 changed node costs Python work (a check, ≈ 4 µs at 1,250 nodes in a hot micro-benchmark,
 3–5 times that in the server, whose caches are cold); over the arrays, each row the arrays
 lag behind costs about as much, plus one vectorised pass (≈ 0.1 ms hot). So past this the
@@ -606,7 +606,7 @@ class FilterCache:
         if changed is None:
             return False
         keys = RequestKeys.of(req)
-        arrays = None if req.reclaim else self._arrays_for(len(changed), nodes, version, changed_since)
+        arrays = self._arrays_for(len(changed), nodes, version, changed_since)
         if arrays is not None and self._update_over(req, keys, entry, version, arrays):
             self.over_arrays += 1
             return True
@@ -649,10 +649,11 @@ class FilterCache:
     def _update_over(
         req: GpuRequest, keys: RequestKeys, entry: _Entry, version: int, arrays: FitArrays
     ) -> bool:
-        """Every node of a non-reclaim class (``req``) re-checked over ``arrays`` (at
-        ``version``, made for the entry's universe), the entry's verdicts changed in place
-        where they differ: no per-node Python work but for the differences, and no new
-        result for the collector to traverse. False when the rows are not the entry's."""
+        """Every node of ``req``'s class re-checked over ``arrays`` (at ``version``, made for
+        the entry's universe; a reclaim pod's standby verdicts as in a full filter), the
+        entry's verdicts changed in place where they differ: no per-node Python work but for
+        the differences, and no new result for the collector to traverse. False when the
+        rows are not the entry's."""
         verdicts, standby_at = arrays.filter_pools(req, keys)
         result = entry.result
         old = result.verdicts
@@ -665,8 +666,8 @@ class FilterCache:
             entry.standby = standby = bytearray(len(old))  # nodes moved between pools
             for i in standby_at:
                 standby[i] = 1
-        # a non-reclaim pod's standby verdicts never pass: every pass is a general node's
-        entry.general_passes = result.counts.get(scheduling.PASS, 0)
+        ok = scheduling.PASS
+        entry.general_passes = result.counts.get(ok, 0) - sum(1 for i in standby_at if verdicts[i] is ok)
         result.version = version
         return True
 

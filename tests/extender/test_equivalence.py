@@ -267,6 +267,49 @@ def test_nodes_trading_pools_are_rechecked_over_the_arrays_in_place() -> None:
         assert (cache.full, cache.over_arrays, cache.refiltered, cache.incremental) == (2, 1, 0, 2)
 
 
+def test_a_reclaim_class_rechecked_over_the_arrays_still_sees_a_general_node_free_up() -> None:
+    """A reclaim class whose standby nodes pass because no general node fits, re-checked
+    over the arrays, then one general node frees up: the standby verdicts change with it
+    (the pass over the arrays counted the class's general passes, not the standby ones)."""
+    inv = cluster(random.Random(1))
+    cache = FilterCache()
+    req, other = parse_pod(PODS[2]), parse_pod(PODS[0])
+    assert req.reclaim
+
+    def run(req: GpuRequest) -> list[scheduling.Verdict]:
+        snap = inv.snapshot()
+        got = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+        want = scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
+        assert got.verdicts == want
+        return want
+
+    def hold(i: int, uid: str, *indices: int) -> dict[str, Any]:
+        name = NAMES[i]
+        pod = payloads.pod(
+            uid,
+            uid=uid,
+            gpus=len(indices),
+            node_name=name,
+            phase="Running",
+            annotations=payloads.assigned(name, *indices),
+        )
+        inv.apply_pod_event(WatchEvent(EventType.ADDED, pod))
+        return pod
+
+    with mock.patch.object(equivalence, "ARRAY_RECHECK_ABOVE", 0):
+        held = [hold(i, f"three-{i}", 0, 1, 2) for i in range(9)]  # every general node: 1 free
+        before = run(req)
+        assert not any(v.ok for v in before[:9]) and before[10].ok  # n9 is tagged: checked either way
+        for i in range(4):
+            hold(i, f"fourth-{i}", 3)
+        run(other)  # the arrays brought up to date
+        run(req)  # 4 changed nodes > 0 + 0: over the arrays
+        assert cache.over_arrays == 1
+        inv.apply_pod_event(WatchEvent(EventType.DELETED, held[6]))  # n6: 4 free
+        after = run(req)  # one by one: a general node fits now, the standby ones are not needed
+        assert after[6].ok and not after[10].ok
+
+
 def test_a_reclaim_pod_gets_the_standby_pool_when_no_general_candidate_fits() -> None:
     """FETCHSTANDBY looks at the general nodes among this request's candidates, not at every
     node the cache knows: with the fitting general nodes left out of the list, the standby
