@@ -10,7 +10,7 @@ changed since (:meth:`extender.state.Inventory.changed_since`). A change log tha
 reaches back, or a flip of "some general node fits" for a reclaim pod (which changes every
 standby verdict) falls back to a full filter. A class with many changed nodes to re-check
 (one idle for a few hundred cycles) re-checks every node over the arrays instead, in place
-(:data:`ARRAY_RECHECK_ABOVE`).
+(:data:`ARRAY_RECHECK_SHARE`).
 
 kube-scheduler does not send one candidate list: it sends the nodes its own filters pass
 (those with enough free ``nvidia.com/gpu`` for this pod, so the list shrinks as pods bind and
@@ -42,16 +42,17 @@ from extender.scheduling import Code, FitKey, NodeView, RequestKeys, Verdict
 from flexlease.api.pod import GpuRequest
 
 DEFAULT_MAX_CLASSES: Final = 128
-ARRAY_RECHECK_ABOVE: Final = 64
-"""A class with more changed nodes to re-check than this many plus the rows the arrays lag
-behind (nodes changed since :class:`extender.fitarrays.FitArrays` were last brought up to
-date) re-checks every node over the arrays instead, and changes its verdicts in place where
-they differ (:meth:`FilterCache._update_over`). One by one, each
-changed node costs Python work (a check, ≈ 4 µs at 1,250 nodes in a hot micro-benchmark,
-3–5 times that in the server, whose caches are cold); over the arrays, each row the arrays
-lag behind costs about as much, plus one vectorised pass (≈ 0.1 ms hot). So past this the
-pass is no dearer, and its cost stops growing with the class's idle time (README, "eighth
-round")."""
+ARRAY_RECHECK_SHARE: Final = 0.05
+"""A class with more changed nodes to re-check than this share (ratio 0–1) of the universe
+plus the rows the arrays lag behind (nodes changed since :class:`extender.fitarrays.FitArrays`
+were last brought up to date) re-checks every node over the arrays instead, and changes its
+verdicts in place where they differ (:meth:`FilterCache._update_over`). One by one, each
+changed node costs Python work (a check, ≈ 4 µs in a hot micro-benchmark, 3–5 times that in
+the server, whose caches are cold); over the arrays, each row they lag behind costs about as
+much, plus one pass that grows with the universe (≈ 0.1 ms hot at 1,250 nodes, about 25
+node checks). Past this (62 nodes at 1,250, 250 at 5,000) the pass is no dearer, and its
+cost stops growing with the class's idle time (README, "eighth round": a fixed 64 made the
+pass too frequent at 5,000 nodes)."""
 _UNIVERSE_SLACK: Final = 1024
 """Names the universe may hold beyond twice the snapshot's nodes (nodes that left the
 cluster, candidates without a GPUNode) before it starts again (:meth:`FilterCache._positions`)."""
@@ -529,15 +530,16 @@ class FilterCache:
         changed_since: Callable[[int], set[str] | None],
     ) -> FitArrays | None:
         """The arrays at ``version`` when re-checking ``rechecks`` nodes over them is no
-        dearer than one by one (more than :data:`ARRAY_RECHECK_ABOVE` plus the rows they lag
-        behind, and made for this universe); else None."""
-        if rechecks <= ARRAY_RECHECK_ABOVE:
+        dearer than one by one (more than :data:`ARRAY_RECHECK_SHARE` of the universe plus
+        the rows they lag behind, and made for this universe); else None."""
+        above = ARRAY_RECHECK_SHARE * len(self._names)
+        if rechecks <= above:
             return None
         kept = self._arrays_of
         if kept is None or kept[0] is not self._names or kept[1] > version:
             return None  # they would be loaded afresh (≈ 10 ms at 1,250 nodes)
         lag = changed_since(kept[1]) if kept[1] != version else set()
-        if lag is None or rechecks <= ARRAY_RECHECK_ABOVE + len(lag):
+        if lag is None or rechecks <= above + len(lag):
             return None
         return self._arrays_at(nodes, version, changed_since)
 
@@ -600,7 +602,7 @@ class FilterCache:
         changed_since: Callable[[int], set[str] | None],
     ) -> bool:
         """Re-check the ``changed`` nodes (one by one, or every node over the arrays: see
-        :data:`ARRAY_RECHECK_ABOVE`) and bring ``entry`` to ``version``; False when a full
+        :data:`ARRAY_RECHECK_SHARE`) and bring ``entry`` to ``version``; False when a full
         filter is needed instead (``changed`` None: the change log does not reach back)."""
         result = entry.result
         if changed is None:

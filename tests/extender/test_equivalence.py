@@ -133,10 +133,10 @@ SCORED = [
     seed=st.integers(0, 2**32 - 1),
     steps=st.integers(1, 60),
     # the shipped threshold, and low ones, so that twelve nodes are also re-checked over the arrays
-    recheck_above=st.sampled_from([equivalence.ARRAY_RECHECK_ABOVE, 0, 1, 3]),
+    recheck_share=st.sampled_from([equivalence.ARRAY_RECHECK_SHARE, 0.0, 0.1, 0.25]),
 )
-def test_cached_filter_equals_full_filter(seed: int, steps: int, recheck_above: int) -> None:
-    with mock.patch.object(equivalence, "ARRAY_RECHECK_ABOVE", recheck_above):
+def test_cached_filter_equals_full_filter(seed: int, steps: int, recheck_share: float) -> None:
+    with mock.patch.object(equivalence, "ARRAY_RECHECK_SHARE", recheck_share):
         _cached_filter_equals_full_filter(seed, steps)
 
 
@@ -209,7 +209,7 @@ def _hold(inv: Inventory, name: str, uid: str) -> None:
 
 
 def test_an_idle_class_rechecks_its_nodes_over_the_arrays_past_the_threshold() -> None:
-    """A class with more changed nodes to re-check than ARRAY_RECHECK_ABOVE plus the rows the
+    """A class with more changed nodes to re-check than ARRAY_RECHECK_SHARE of the universe plus the rows the
     arrays lag behind re-checks them together over the arrays, in its own entry; with the
     arrays lagging as far, one by one. Either way it answers as a full filter does."""
     inv = cluster(random.Random(1))
@@ -222,16 +222,16 @@ def test_an_idle_class_rechecks_its_nodes_over_the_arrays_past_the_threshold() -
         assert got.verdicts == scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
         return got.verdicts
 
-    with mock.patch.object(equivalence, "ARRAY_RECHECK_ABOVE", 2):
+    with mock.patch.object(equivalence, "ARRAY_RECHECK_SHARE", 0.2):  # 2.4 of 12 nodes
         kept = run(idle)  # a new class: full, the arrays made now
         for i in range(4):
             _hold(inv, NAMES[i], f"a{i}")
         run(other)  # a new class: full, the arrays brought up to date (lag 0)
-        assert run(idle) is kept  # 4 changed nodes > 2 + 0: over the arrays, in place
+        assert run(idle) is kept  # 4 changed nodes > 2.4 + 0: over the arrays, in place
         assert (cache.full, cache.incremental, cache.over_arrays) == (2, 1, 1)
         for i in range(4, 8):
             _hold(inv, NAMES[i], f"b{i}")
-        run(idle)  # 4 changed nodes, not above 2 + the arrays' lag of 4: one by one
+        run(idle)  # 4 changed nodes, not above 2.4 + the arrays' lag of 4: one by one
         assert (cache.full, cache.incremental, cache.over_arrays) == (2, 2, 1)
         _hold(inv, NAMES[8], "c8")
         run(idle)  # one changed node: one by one
@@ -255,7 +255,7 @@ def test_nodes_trading_pools_are_rechecked_over_the_arrays_in_place() -> None:
         obj = payloads.gpunode(NAMES[i], gpus=4, owners=_owners(i), pool=name, checkpoints=_checkpoints(i))
         inv.apply_node_event(WatchEvent(EventType.MODIFIED, obj))
 
-    with mock.patch.object(equivalence, "ARRAY_RECHECK_ABOVE", 0):
+    with mock.patch.object(equivalence, "ARRAY_RECHECK_SHARE", 0.0):
         run(req)
         pool(2, "standby")
         pool(9, "general")
@@ -296,7 +296,7 @@ def test_a_reclaim_class_rechecked_over_the_arrays_still_sees_a_general_node_fre
         inv.apply_pod_event(WatchEvent(EventType.ADDED, pod))
         return pod
 
-    with mock.patch.object(equivalence, "ARRAY_RECHECK_ABOVE", 0):
+    with mock.patch.object(equivalence, "ARRAY_RECHECK_SHARE", 0.0):
         held = [hold(i, f"three-{i}", 0, 1, 2) for i in range(9)]  # every general node: 1 free
         before = run(req)
         assert not any(v.ok for v in before[:9]) and before[10].ok  # n9 is tagged: checked either way
