@@ -45,16 +45,20 @@ about the same in total and run the older generations a third as often. Larger v
 the generation-1 passes long (``hack/bench_extender.py --gen0``, 1,250 nodes, a loaded 2-core
 VM: with 20,000 the longest pause was 41 ms, with 2,000 between 9 and 38 ms, CPython's default
 with the freeze 32 ms; without the freeze 650-760 ms)."""
-GEN1_THRESHOLD: Final = 3
+GEN1_THRESHOLD: Final = 2
 """Young collections between two generation-1 collections (CPython's default: 10). A
 generation-1 pass traverses every object that survived the young collections since the
 last one, together with everything those objects reference (a cached filter result
 references a verdict per candidate node), so it is the longest pause the extender sees
-during scheduling; a third of the default makes it a third as long, at the same total cost
-(``hack/bench_extender.py --gen1``, 1,250 nodes, a 2-core VM at load 13-15: with 10 the
-longest pause was 73 ms wall (15 ms on CPU), with 3 9.8 ms (5.6 ms on CPU)). Full
-collections are not made more frequent: CPython runs one only when the objects promoted
-since the last one exceed a quarter of those it kept then."""
+during scheduling; a fifth of the default makes it about a fifth as long, at the same total
+cost. Measured with ``hack/bench_extender.py --gen1`` at 1,250 nodes on a 2-core VM: at
+load 13-15, with 10 the longest pause was 73 ms wall (15 ms on CPU), with 3 9.8 ms (5.6 ms
+on CPU); after the eighth round, whose array re-checks allocate fewer small objects (so
+young collections come less often and each generation-1 pass finds more of the large
+per-class verdict lists), six runs each: with 3 7.7-21.8 ms, with 2 7.3-14.1 ms, the same GC
+CPU per cycle (0.034-0.075 and 0.037-0.066 ms). Full collections are not made more frequent:
+CPython runs one only when the objects promoted since the last one exceed a quarter of
+those it kept then."""
 POLL_SECONDS: Final = 0.05
 """How often the context looks whether the initial list is done."""
 
