@@ -578,16 +578,11 @@ class FilterCache:
         version: int,
     ) -> _Entry:
         verdicts, standby_at = arrays.filter_pools(req, keys)
-        standby = bytearray(len(names))
-        for i in standby_at:
-            standby[i] = 1
         counts = dict(Counter(verdicts))
-        ok = scheduling.PASS
-        general_passes = counts.get(ok, 0) - sum(1 for i in standby_at if verdicts[i] is ok)
         return _Entry(
             index=index,
-            standby=standby,
-            general_passes=general_passes,
+            standby=_standby_flags(len(names), standby_at),
+            general_passes=_general_passes(counts, verdicts, standby_at),
             result=FilterResult(version, names, verdicts, counts, _Blocks.of(len(names))),
         )
 
@@ -663,15 +658,24 @@ class FilterCache:
             return False
         for i in compress(range(len(old)), map(is_not, old, verdicts)):
             result.changed(i, verdicts[i])
-        standby = entry.standby
-        if standby.count(1) != len(standby_at) or not all(map(standby.__getitem__, standby_at)):
-            entry.standby = standby = bytearray(len(old))  # nodes moved between pools
-            for i in standby_at:
-                standby[i] = 1
-        ok = scheduling.PASS
-        entry.general_passes = result.counts.get(ok, 0) - sum(1 for i in standby_at if verdicts[i] is ok)
+        entry.standby = _standby_flags(len(old), standby_at)  # nodes may have moved between pools
+        entry.general_passes = _general_passes(result.counts, verdicts, standby_at)
         result.version = version
         return True
+
+
+def _standby_flags(size: int, standby_at: list[int]) -> bytearray:
+    """:attr:`_Entry.standby` for ``size`` nodes, those at ``standby_at`` in the standby pool."""
+    flags = bytearray(size)
+    for i in standby_at:
+        flags[i] = 1
+    return flags
+
+
+def _general_passes(counts: Mapping[Verdict, int], verdicts: list[Verdict], standby_at: list[int]) -> int:
+    """:attr:`_Entry.general_passes`: the passing verdicts (``counts``) less the standby nodes'."""
+    ok = scheduling.PASS
+    return counts.get(ok, 0) - sum(1 for i in standby_at if verdicts[i] is ok)
 
 
 @dataclass(slots=True)
