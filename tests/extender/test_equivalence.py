@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from typing import Any
@@ -202,10 +203,29 @@ def test_reuses_results_for_any_subset_and_order_of_the_nodes_seen() -> None:
     assert (cache.full, cache.refiltered, cache.incremental) == (1, 1, 3)
 
 
-def _hold(inv: Inventory, name: str, uid: str) -> None:
-    """A running pod takes GPU 0 of node ``name``: the node's view changes."""
-    pod = payloads.pod(uid, uid=uid, node_name=name, phase="Running", annotations=payloads.assigned(name, 0))
+def _hold(inv: Inventory, name: str, uid: str, *indices: int) -> dict[str, Any]:
+    """A running pod takes GPUs ``indices`` (default GPU 0) of node ``name``: the node's view
+    changes. Returns the pod."""
+    indices = indices or (0,)
+    pod = payloads.pod(
+        uid,
+        uid=uid,
+        gpus=len(indices),
+        node_name=name,
+        phase="Running",
+        annotations=payloads.assigned(name, *indices),
+    )
     inv.apply_pod_event(WatchEvent(EventType.ADDED, pod))
+    return pod
+
+
+def _filter_every_node(cache: FilterCache, inv: Inventory, req: GpuRequest) -> list[scheduling.Verdict]:
+    """``cache``'s verdicts for ``req`` over every node at ``inv``'s snapshot, checked
+    against the reference filter."""
+    snap = inv.snapshot()
+    got = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
+    assert got.verdicts == scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
+    return got.verdicts
 
 
 def test_an_idle_class_rechecks_its_nodes_over_the_arrays_past_the_threshold() -> None:
@@ -216,11 +236,7 @@ def test_an_idle_class_rechecks_its_nodes_over_the_arrays_past_the_threshold() -
     cache = FilterCache()
     idle, other = parse_pod(PODS[0]), parse_pod(PODS[1])
 
-    def run(req: GpuRequest) -> list[scheduling.Verdict]:
-        snap = inv.snapshot()
-        got = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
-        assert got.verdicts == scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
-        return got.verdicts
+    run = functools.partial(_filter_every_node, cache, inv)
 
     with mock.patch.object(equivalence, "ARRAY_RECHECK_SHARE", 0.2):  # 2.4 of 12 nodes
         kept = run(idle)  # a new class: full, the arrays made now
@@ -246,10 +262,7 @@ def test_nodes_trading_pools_are_rechecked_over_the_arrays_in_place() -> None:
     cache = FilterCache()
     req, other = parse_pod(PODS[0]), parse_pod(PODS[1])
 
-    def run(req: GpuRequest) -> None:
-        snap = inv.snapshot()
-        got = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
-        assert got.verdicts == scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
+    run = functools.partial(_filter_every_node, cache, inv)
 
     def pool(i: int, name: str) -> None:
         obj = payloads.gpunode(NAMES[i], gpus=4, owners=_owners(i), pool=name, checkpoints=_checkpoints(i))
@@ -276,32 +289,14 @@ def test_a_reclaim_class_rechecked_over_the_arrays_still_sees_a_general_node_fre
     req, other = parse_pod(PODS[2]), parse_pod(PODS[0])
     assert req.reclaim
 
-    def run(req: GpuRequest) -> list[scheduling.Verdict]:
-        snap = inv.snapshot()
-        got = cache.filter(req, snap.nodes, NAMES, version=snap.version, changed_since=inv.changed_since)
-        want = scheduling.filter_nodes(req, [snap.nodes.get(n) for n in NAMES])
-        assert got.verdicts == want
-        return want
-
-    def hold(i: int, uid: str, *indices: int) -> dict[str, Any]:
-        name = NAMES[i]
-        pod = payloads.pod(
-            uid,
-            uid=uid,
-            gpus=len(indices),
-            node_name=name,
-            phase="Running",
-            annotations=payloads.assigned(name, *indices),
-        )
-        inv.apply_pod_event(WatchEvent(EventType.ADDED, pod))
-        return pod
+    run = functools.partial(_filter_every_node, cache, inv)
 
     with mock.patch.object(equivalence, "ARRAY_RECHECK_SHARE", 0.0):
-        held = [hold(i, f"three-{i}", 0, 1, 2) for i in range(9)]  # every general node: 1 free
+        held = [_hold(inv, NAMES[i], f"three-{i}", 0, 1, 2) for i in range(9)]  # every general node: 1 free
         before = run(req)
         assert not any(v.ok for v in before[:9]) and before[10].ok  # n9 is tagged: checked either way
         for i in range(4):
-            hold(i, f"fourth-{i}", 3)
+            _hold(inv, NAMES[i], f"fourth-{i}", 3)
         run(other)  # the arrays brought up to date
         run(req)  # 4 changed nodes > 0 + 0: over the arrays
         assert cache.over_arrays == 1
