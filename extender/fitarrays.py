@@ -22,7 +22,7 @@ Pure computation over immutable views: no I/O, no asyncio. Neighbours: used by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +46,10 @@ _HELD_PREEMPTABLE: Final = 12
 _HELD: Final = 13
 _STANDBY: Final = 14
 _NO_GPUNODE: Final = 15
+_BRANCHES: Final = _NO_GPUNODE + 1
+_TABLES: Final = 1024
+"""Requests' keys whose branch → verdict tables :class:`FitArrays` keeps (all dropped at once
+past this: a table is rebuilt from the memoised per-node checks in microseconds)."""
 
 _GENERAL, _STANDBY_POOL, _ABSENT = 0, 1, 2
 """Kinds of node (``kind`` array): general pool, standby pool, no GPUNode."""
@@ -98,6 +102,8 @@ class FitArrays:
         self.free: npt.NDArray[np.bool_] = np.zeros((0, 0), np.bool_)
         self.low: npt.NDArray[np.int64] = np.zeros((0, 0), np.int64)
         self.kind: npt.NDArray[np.int8] = np.zeros(0, np.int8)
+        self._tables: dict[RequestKeys, list[Verdict | None]] = {}
+        """Per request keys, the verdict of each branch met so far (:meth:`_table`)."""
 
     def load(self, views: Sequence[NodeView | None]) -> None:
         """Fill the arrays from ``views`` (every row). The width is the most devices on one
@@ -230,24 +236,35 @@ class FitArrays:
         """:func:`extender.scheduling.filter_pools` of ``req`` (whose keys are ``keys``) over
         :attr:`views`: the verdicts, and the positions of the standby-pool nodes."""
         branch = self.branches(keys)
-        found, first = np.unique(branch, return_index=True)
-        table: list[Verdict] = [scheduling.PASS] * (_NO_GPUNODE + 1)
-        for b, i in zip(found.tolist(), first.tolist(), strict=True):
-            if b == _STANDBY:
-                table[b] = scheduling.STANDBY_NOT_RECLAIM
-            elif b == _NO_GPUNODE:
-                table[b] = scheduling.NO_GPUNODE
-            else:  # the branch's verdict, explained once: by the memoised check of its first node
-                view = self.views[i]
-                assert view is not None
-                table[b] = scheduling.check_keyed(keys, view)
+        present = np.bincount(branch, minlength=_BRANCHES)
+        table = self._table(keys, branch, np.flatnonzero(present).tolist())
         verdicts = list(map(table.__getitem__, branch.tolist()))
         standby_at: list[int] = np.flatnonzero(branch == _STANDBY).tolist()
         if req.reclaim and standby_at:
-            general_ok = _PASS in found.tolist()
+            general_ok = bool(present[_PASS])
             views = self.views
             for i in standby_at:
                 view = views[i]
                 assert view is not None
                 verdicts[i] = scheduling.standby_verdict(keys, view, general_ok=general_ok)
         return verdicts, standby_at
+
+    def _table(self, keys: RequestKeys, branch: npt.NDArray[np.int8], found: list[int]) -> list[Verdict]:
+        """Branch → verdict for ``keys``, with an entry for each branch in ``found``. A
+        verdict is a function of the request's keys and the branch alone (its reason names
+        the request and the kind of shortfall, not the node's counts: :func:`scheduling._explain`),
+        so the table is kept per ``keys`` (up to :data:`_TABLES` of them) and a branch is
+        explained once, by the memoised check of the first node in it."""
+        table = self._tables.get(keys)
+        if table is None:
+            if len(self._tables) >= _TABLES:
+                self._tables.clear()
+            table = self._tables[keys] = [None] * _BRANCHES
+            table[_STANDBY] = scheduling.STANDBY_NOT_RECLAIM
+            table[_NO_GPUNODE] = scheduling.NO_GPUNODE
+        for b in found:
+            if table[b] is None:
+                view = self.views[int(np.argmax(branch == b))]
+                assert view is not None  # branches below _STANDBY are general-pool nodes'
+                table[b] = scheduling.check_keyed(keys, view)
+        return cast(list[Verdict], table)
