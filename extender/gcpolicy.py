@@ -7,26 +7,43 @@ collection: hundreds of milliseconds at 1,250 nodes, a pause every scheduling cy
 cluster waits for. Once Pods and GPUNodes are listed, :func:`freeze` collects once and moves
 every object then alive to the permanent generation (:func:`gc.freeze`, which CPython's
 documentation recommends for long-lived state), so later collections traverse only what
-changed since; it raises the generation-0 threshold (:data:`GEN0_THRESHOLD`) so that the
-young collections run a third as often, and lowers the generation-1 one
+changed since; it sets the generation-0 threshold (:data:`GEN0_THRESHOLD`) and lowers the
+generation-1 one
 (:data:`GEN1_THRESHOLD`) so that each generation-1 pass has fewer survivors to traverse. Objects
 frozen and later dropped are still freed by reference counting; only reference cycles among
 them would stay (the inventory creates none).
 
+The inventory does not stay as listed: every bind, deletion and GPUNode change replaces
+node views, devices and holders, and what replaces them survives the young collections into
+generation 2. A generation-1 collection moves its survivors there, and CPython runs a full
+collection once ten of those have run and the objects promoted since the last one exceed a
+quarter of those it kept then: after a few thousand scheduling cycles a full collection
+traverses everything replaced since the freeze (83-92 ms at 2,500 nodes after 3,300 cycles,
+``hack/bench_extender.py --nodes 2500 --pods 10000 --cycles 4000``), and the longer the
+extender runs, the more of the inventory that is. So :func:`freeze` also installs
+:func:`freeze_survivors`, which freezes the survivors of every generation-1 and full
+collection as it ends: generation 2 stays empty and a full collection costs what a
+generation-1 one does. What this gives up: a reference cycle formed later among objects that
+had survived a generation-1 collection is never collected (cycles among young objects still
+are, by the young collections). In that run every collection, the full one included, found
+no garbage at all (``collected`` 0 in each ``gc.callbacks`` report): the extender's
+garbage is freed by reference counting.
+
 :func:`cleanup_ctx` does this once, after the inventory is ready, for the process entry
-point (:mod:`extender.main`) and the benchmark; tests that build apps leave the collector
-alone. Neighbours: reads :attr:`extender.state.Inventory.ready` of the app built by
-:mod:`extender.server`.
+point (:mod:`extender.main`) and the benchmark, and removes the callback at cleanup; tests
+that build apps leave the collector alone. Neighbours: reads
+:attr:`extender.state.Inventory.ready` of the app built by :mod:`extender.server`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Final
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -37,14 +54,18 @@ from flexlease.logging import ctx
 
 log = logging.getLogger(__name__)
 
-GEN0_THRESHOLD: Final = 2_000
+GEN0_THRESHOLD: Final = 1_000
 """Allocations (minus deallocations) of tracked objects between young collections. CPython's
-default, 700, is reached by about every other filter request (its Pod and candidate list);
-a young collection costs in proportion to the young objects, so fewer, larger ones cost
-about the same in total and run the older generations a third as often. Larger values make
-the generation-1 passes long (``hack/bench_extender.py --gen0``, 1,250 nodes, a loaded 2-core
-VM: with 20,000 the longest pause was 41 ms, with 2,000 between 9 and 38 ms, CPython's default
-with the freeze 32 ms; without the freeze 650-760 ms)."""
+default, 700, is reached by about every other filter request (its Pod and candidate list).
+The count misses churn: a node view that replaces a frozen one adds one young object and
+takes one away from the count, so the young generation grows faster than the count says,
+and a generation-1 pass finds several times the threshold in it. Once the survivors are
+frozen (:func:`freeze_survivors`), a smaller threshold shortens every pass at the same total
+cost (``hack/bench_extender.py --gen0``, 1,250 nodes, 2-core VM, two runs each: with 1,000
+the longest pause was 3.8-4.3 ms, with 2,000 7.4-9.9 ms; GC CPU 0.041-0.044 and 0.040-0.045 ms
+per cycle). Without it, 500 brought full collections of 20-34 ms within 1,100 cycles; before
+that, with 20,000 the longest pause was 41 ms and CPython's default 32 ms, and without the
+freeze 650-760 ms."""
 GEN1_THRESHOLD: Final = 2
 """Young collections between two generation-1 collections (CPython's default: 10). A
 generation-1 pass traverses every object that survived the young collections since the
@@ -63,15 +84,28 @@ POLL_SECONDS: Final = 0.05
 """How often the context looks whether the initial list is done."""
 
 
-def freeze(*, gen0_threshold: int = GEN0_THRESHOLD, gen1_threshold: int = GEN1_THRESHOLD) -> int:
+def freeze_survivors(phase: str, info: Mapping[str, Any]) -> None:
+    """A :data:`gc.callbacks` callback: when a generation-1 or full collection ends (``phase``
+    ``"stop"``, ``info["generation"]`` 1 or 2), move what it kept, and every other tracked
+    object, to the permanent generation (:func:`gc.freeze`: three list splices, no
+    traversal)."""
+    if phase == "stop" and info["generation"] >= 1:
+        gc.freeze()
+
+
+def freeze(
+    *, gen0_threshold: int = GEN0_THRESHOLD, gen1_threshold: int = GEN1_THRESHOLD, survivors: bool = True
+) -> int:
     """Collect everything, freeze what survives, set the generation-0 and generation-1
-    thresholds. Returns the number of frozen objects. Process-wide: call once, after the
-    initial list."""
+    thresholds and, with ``survivors``, install :func:`freeze_survivors` (once). Returns the
+    number of frozen objects. Process-wide: call once, after the initial list."""
     start = time.perf_counter()
     gc.collect()
     gc.freeze()
     gen2 = gc.get_threshold()[2]
     gc.set_threshold(gen0_threshold, gen1_threshold, gen2)
+    if survivors and freeze_survivors not in gc.callbacks:
+        gc.callbacks.append(freeze_survivors)
     frozen = gc.get_freeze_count()
     log.info(
         "froze the listed inventory out of the garbage collector's way",
@@ -80,6 +114,7 @@ def freeze(*, gen0_threshold: int = GEN0_THRESHOLD, gen1_threshold: int = GEN1_T
             seconds=round(time.perf_counter() - start, 3),
             gen0=gen0_threshold,
             gen1=gen1_threshold,
+            freeze_survivors=survivors,
         ),
     )
     return frozen
@@ -90,7 +125,7 @@ def cleanup_ctx(
 ) -> CleanupContext:
     """An aiohttp cleanup context for :func:`extender.server.create_app` that calls
     :func:`freeze` once the app's inventory is ready (Pods and GPUNodes listed), from the
-    named task ``extender-gc-freeze``."""
+    named task ``extender-gc-freeze``, and removes :func:`freeze_survivors` at cleanup."""
 
     async def wait_and_freeze(inventory: Inventory) -> None:
         while not inventory.ready:  # noqa: ASYNC110 (the inventory is pure: no event to wait on)
@@ -100,7 +135,11 @@ def cleanup_ctx(
         await asyncio.get_running_loop().create_future()  # done; owned until cleanup
 
     async def context(app: web.Application) -> AsyncIterator[None]:
-        async with tasks.running(wait_and_freeze(app[INVENTORY]), name="extender-gc-freeze"):
-            yield
+        try:
+            async with tasks.running(wait_and_freeze(app[INVENTORY]), name="extender-gc-freeze"):
+                yield
+        finally:
+            with contextlib.suppress(ValueError):  # not installed: the inventory was never ready
+                gc.callbacks.remove(freeze_survivors)
 
     return context

@@ -42,7 +42,7 @@ SETTLE_QUIET_ROUNDS: Final = 2
 """Consecutive event-loop iterations with nothing in flight that count as quiescent."""
 MAX_SETTLE_ROUNDS: Final = 100_000
 SIM_GEN0_THRESHOLD: Final = 50_000
-"""The young-generation threshold in a simulation. The extender's own (2,000) keeps each
+"""The young-generation threshold in a simulation. The extender's own (1,000) keeps each
 collection short, because a real cluster waits for every pause; on the simulation's virtual
 clock a pause costs nothing but its CPU, and fewer, larger collections cost less CPU in total
 (an 8-day right-of-return run at 64 nodes: 0.50 s of collection instead of 1.23 s, the same
@@ -197,9 +197,11 @@ def collector_policy() -> Iterator[None]:
     the body, applied once the hosted extender has listed: the simulation's inputs and the
     listed state stay out of every later collection. On exit the frozen objects go back to
     the collector (a later run's collections free what this one left in reference cycles)
-    and the thresholds are restored. Process-wide, like the policy itself."""
+    and the thresholds are restored. Process-wide, like the policy itself. Survivors of later
+    collections are not frozen (:func:`extender.gcpolicy.freeze_survivors` is for the
+    extender's pauses; the simulator's own objects may form cycles that must be collected)."""
     thresholds = gc.get_threshold()
-    gcpolicy.freeze(gen0_threshold=SIM_GEN0_THRESHOLD, gen1_threshold=SIM_GEN1_THRESHOLD)
+    gcpolicy.freeze(gen0_threshold=SIM_GEN0_THRESHOLD, gen1_threshold=SIM_GEN1_THRESHOLD, survivors=False)
     try:
         yield
     finally:

@@ -1,9 +1,11 @@
-"""The garbage-collector policy: the listed inventory is frozen once, after the initial list."""
+"""The garbage-collector policy: the listed inventory is frozen once, after the initial list,
+and what survives a generation-1 collection later is frozen as that collection ends."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -20,8 +22,18 @@ def collector() -> Iterator[None]:
     """Give the test process its collector back as it was (the policy is process-wide)."""
     threshold = gc.get_threshold()
     yield
+    while gcpolicy.freeze_survivors in gc.callbacks:
+        gc.callbacks.remove(gcpolicy.freeze_survivors)
     gc.unfreeze()
     gc.set_threshold(*threshold)
+    gc.enable()
+
+
+class _Node:
+    """A tracked object that can be referred to weakly and be part of a cycle."""
+
+    def __init__(self) -> None:
+        self.other: object = None
 
 
 async def test_inventory_is_frozen_once_listed(
@@ -54,3 +66,44 @@ async def test_freeze_waits_for_the_initial_list(
     assert gc.get_threshold()[0] != 777
     app[server.INVENTORY].replace_pods([])
     await eventually(lambda: gc.get_threshold()[0] == 777)
+
+
+async def test_survivors_of_a_generation_1_collection_are_frozen_until_cleanup(
+    aiohttp_client: AiohttpClient, store: MemoryStore, collector: None
+) -> None:
+    app = server.create_app(make_settings(), store, extra_contexts=[gcpolicy.cleanup_ctx()])
+    client = await aiohttp_client(app)
+    await eventually(lambda: gcpolicy.freeze_survivors in gc.callbacks)
+    gc.disable()  # no automatic collection between the steps below (the fixture enables it)
+    kept = _Node()  # created after the freeze: young
+    assert any(obj is kept for obj in gc.get_objects(0))
+    gc.collect(0)  # a young collection promotes it, and freezes nothing
+    assert any(obj is kept for obj in gc.get_objects(1))
+    gc.collect(1)  # it survives a generation-1 collection: frozen as that collection ends
+    assert all(obj is not kept for obj in gc.get_objects())
+
+    # Young cycles are still collected: the policy freezes only what survived generation 1.
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    del a, b
+    assert gone() is not None
+    gc.collect(0)
+    assert gone() is None
+
+    await client.close()
+    assert gcpolicy.freeze_survivors not in gc.callbacks
+    gc.collect(1)  # after cleanup, survivors stay in the collector's generations
+    later = _Node()
+    gc.collect(1)
+    assert any(obj is later for obj in gc.get_objects(2))
+
+
+def test_freeze_survivors_acts_only_when_a_generation_1_or_full_collection_ends(collector: None) -> None:
+    gc.disable()
+    obj = _Node()
+    for phase, generation in (("start", 1), ("start", 2), ("stop", 0)):
+        gcpolicy.freeze_survivors(phase, {"generation": generation, "collected": 0, "uncollectable": 0})
+        assert any(o is obj for o in gc.get_objects())
+    gcpolicy.freeze_survivors("stop", {"generation": 2, "collected": 0, "uncollectable": 0})
+    assert all(o is not obj for o in gc.get_objects())
