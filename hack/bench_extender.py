@@ -346,16 +346,20 @@ _R = TypeVar("_R")
 def _timed(
     method: Callable[..., Awaitable[_R]], spent: contextvars.ContextVar[list[float] | None]
 ) -> Callable[..., Awaitable[_R]]:
-    """``method`` adding its CPU seconds to the calling request's ``spent`` counter."""
+    """``method`` adding its seconds to the calling request's ``spent`` counter. MemoryStore's
+    methods never suspend, so the time between call and return is theirs, on the CPU: read
+    from ``perf_counter`` (user space, ≈ 60 ns) rather than ``thread_time`` (a system call,
+    ≈ 3 µs in the server, most of it inside the handler being measured; a bind makes two
+    store calls)."""
 
     async def timed(*args: Any, **kwargs: Any) -> _R:
         counter = spent.get()
-        cpu = time.thread_time()
+        start = time.perf_counter()
         try:
             return await method(*args, **kwargs)
         finally:
             if counter is not None:
-                counter[0] += time.thread_time() - cpu
+                counter[0] += time.perf_counter() - start
 
     return timed
 
