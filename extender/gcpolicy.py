@@ -121,17 +121,18 @@ def freeze(
 
 
 def cleanup_ctx(
-    *, gen0_threshold: int = GEN0_THRESHOLD, gen1_threshold: int = GEN1_THRESHOLD
+    *, gen0_threshold: int = GEN0_THRESHOLD, gen1_threshold: int = GEN1_THRESHOLD, survivors: bool = True
 ) -> CleanupContext:
     """An aiohttp cleanup context for :func:`extender.server.create_app` that calls
     :func:`freeze` once the app's inventory is ready (Pods and GPUNodes listed), from the
-    named task ``extender-gc-freeze``, and removes :func:`freeze_survivors` at cleanup."""
+    named task ``extender-gc-freeze`` (``survivors``: as :func:`freeze`'s, the setting
+    ``extender.gc_freeze_survivors``), and removes :func:`freeze_survivors` at cleanup."""
 
     async def wait_and_freeze(inventory: Inventory) -> None:
         while not inventory.ready:  # noqa: ASYNC110 (the inventory is pure: no event to wait on)
             await asyncio.sleep(POLL_SECONDS)
         inventory.snapshot()  # the node views too: built now, frozen with the rest
-        freeze(gen0_threshold=gen0_threshold, gen1_threshold=gen1_threshold)
+        freeze(gen0_threshold=gen0_threshold, gen1_threshold=gen1_threshold, survivors=survivors)
         await asyncio.get_running_loop().create_future()  # done; owned until cleanup
 
     async def context(app: web.Application) -> AsyncIterator[None]:

@@ -165,7 +165,8 @@ async def run(settings: Settings) -> None:
         rollout_controller.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector)
     )
     contexts.append(relaunch.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector))
-    contexts.append(gcpolicy.cleanup_ctx())  # the listed inventory out of the collector's way
+    # the listed inventory, and what survives later, out of the collector's way
+    contexts.append(gcpolicy.cleanup_ctx(survivors=settings.extender.gc_freeze_survivors))
     try:
         await serve(
             settings,

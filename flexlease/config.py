@@ -101,6 +101,12 @@ class ExtenderSettings(_Group):
     GPU is kept for an owner; a reclaim takes whatever is free), and the lease controller
     marks every Lend and Reclaim ``GPULease`` Failed (there is nothing to tag or return). GPU
     type, health, priority preemption and the standby pool's rules stay as they are."""
+    gc_freeze_survivors: bool = True
+    """Freeze what survives each generation-1 collection (:func:`extender.gcpolicy.freeze_survivors`),
+    so that full collections never re-traverse the inventory replaced since start-up. False:
+    CPython collects them as usual (full collections of tens of milliseconds return after a
+    few thousand binds, longer as the process ages); for a process whose memory grows from
+    reference cycles formed among long-lived objects, which the policy never collects."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ExtenderSettings:

@@ -107,3 +107,14 @@ def test_freeze_survivors_acts_only_when_a_generation_1_or_full_collection_ends(
         assert any(o is obj for o in gc.get_objects())
     gcpolicy.freeze_survivors("stop", {"generation": 2, "collected": 0, "uncollectable": 0})
     assert all(o is not obj for o in gc.get_objects())
+
+
+async def test_survivors_stay_collectable_when_the_setting_says_so(
+    aiohttp_client: AiohttpClient, store: MemoryStore, collector: None
+) -> None:
+    app = server.create_app(
+        make_settings(), store, extra_contexts=[gcpolicy.cleanup_ctx(gen0_threshold=4_321, survivors=False)]
+    )
+    await aiohttp_client(app)
+    await eventually(lambda: gc.get_threshold()[0] == 4_321)
+    assert gcpolicy.freeze_survivors not in gc.callbacks
