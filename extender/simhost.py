@@ -42,7 +42,7 @@ SETTLE_QUIET_ROUNDS: Final = 2
 """Consecutive event-loop iterations with nothing in flight that count as quiescent."""
 MAX_SETTLE_ROUNDS: Final = 100_000
 SIM_GEN0_THRESHOLD: Final = 50_000
-"""The young-generation threshold in a simulation. The extender's own (1,000) keeps each
+"""The young-generation threshold in a simulation. The extender's own (2,000) keeps each
 collection short, because a real cluster waits for every pause; on the simulation's virtual
 clock a pause costs nothing but its CPU, and fewer, larger collections cost less CPU in total
 (an 8-day right-of-return run at 64 nodes: 0.50 s of collection instead of 1.23 s, the same
