@@ -66,6 +66,7 @@ from flexlease.sim.extender_proc import free_port, running_extender
 from flexlease.store import graceful
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.sqlite import SqliteStore
+from hack.waiting import poll
 from nodeagent.cri import podspec
 from nodeagent.cri.client import GrpcCri
 from nodeagent.deviceplugin.response import ENV_VISIBLE_DEVICES
@@ -399,14 +400,7 @@ class Demo:
 
     async def wait_for(self, what: str, predicate: Any, *, limit_s: float = 60.0) -> Any:
         """Poll ``await predicate()`` until truthy; ``DemoError`` after ``limit_s`` real seconds."""
-        deadline = time.monotonic() + limit_s
-        while True:
-            value = await predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise DemoError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.05)
+        return await poll(what, predicate, limit_s=limit_s, interval_s=0.05, error=DemoError)
 
     # -- scheduler -------------------------------------------------------------------------
 

@@ -39,24 +39,26 @@ import os
 import re
 import shutil
 import signal
-import socket
 import stat
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 
 from flexlease.api import keys
 from flexlease.errors import NotFound, NvmlError
 from flexlease.sim import objects
+from flexlease.sim.extender_proc import free_port
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.sqlite import SqliteStore
+from hack.waiting import poll
 from nodeagent.deviceplugin.response import CONTROL_DEVICES, ENV_VISIBLE_DEVICES
 from nodeagent.health import nvml
 from standins.kubelet_devices import DeviceKubelet
@@ -67,8 +69,6 @@ NODE: Final = "gpu-check-0"
 RESOURCE: Final = keys.DEFAULT_GPU_RESOURCE
 POD: Final = "gpu-check-pod"
 NAMESPACE: Final = "default"
-
-_T = TypeVar("_T")
 
 CUDA_SCRIPT: Final = """
 import json, sys, time
@@ -106,25 +106,6 @@ class Report:
     @property
     def failed(self) -> list[str]:
         return [c["name"] for c in self.checks if c["ok"] is False]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def until(what: str, probe: Callable[[], Awaitable[_T | None]], *, limit_s: float) -> _T:
-    """Poll ``await probe()`` every 0.2 s until it returns a truthy value; ``TimeoutError``
-    naming ``what`` after ``limit_s`` seconds."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {limit_s:g} s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -304,7 +285,9 @@ async def agent_steps(report: Report, devices: list[dict[str, Any]], load_second
             proc = await asyncio.create_subprocess_exec(
                 *cmd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
             )
-        status = await until("the agent's GPUNode status", lambda: gpunode_status(store), limit_s=60)
+        status = await poll(
+            "the agent's GPUNode status", lambda: gpunode_status(store), limit_s=60, interval_s=0.2
+        )
         seen = {i: (d.get("uuid"), d.get("health")) for i, d in sorted(status["devices"].items())}
         want = {str(d["index"]): (d["uuid"], "Healthy") for d in devices}
         report.facts["gpunodeStatus"] = status
