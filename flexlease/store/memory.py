@@ -24,13 +24,16 @@ from flexlease.store.watching import EmbeddedWatch, WatchRegistry
 DEFAULT_HISTORY_REVISIONS: Final = 10_000
 DEFAULT_BOOKMARK_SECONDS: Final = 1.0
 
-SHARED_EVENT_OBJECTS: Final = 256
+SHARED_EVENT_OBJECTS: Final = 32
 """How many changes' decoded objects a :class:`MemoryStore` keeps for the watches that have
-not delivered them yet (a watch further behind decodes its own)."""
+not delivered them yet (a watch further behind decodes its own). Watches that keep up take
+each change within a few writes; the kept objects are young trees of dicts for the garbage
+collector of the process under test (256 made the extender benchmark's longest collection
+7.5 ms where 32 makes it 5.3, and its GC CPU a half larger: README, "ninth round")."""
 
 _Entry = tuple[JsonObj, str]
-"""A stored object and its JSON text. The dict is never mutated nor handed out; callers get
-``semantics.decode(text)``, a private copy."""
+"""A stored object, decoded afresh from its JSON text, and that text. The store keeps only
+the text (:attr:`MemoryStore._objects`); callers get their own decoded copy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,11 @@ class MemoryStore:
             raise ValueError("history_revisions must be at least 1")
         self._history_revisions = history_revisions
         self._bookmark_seconds = bookmark_seconds
-        self._objects: dict[Kind, dict[semantics.ObjectKey, _Entry]] = {k: {} for k in Kind}
+        self._objects: dict[Kind, dict[semantics.ObjectKey, str]] = {k: {} for k in Kind}
+        """Each object's JSON text, as the API server's storage keeps bytes: a verb decodes the
+        objects it needs. No dicts: the store runs inside the process under test (the
+        extender's benchmark), whose garbage collector would otherwise traverse a fresh tree
+        of dicts and lists for every write (README, "ninth round")."""
         self._revision = semantics.FIRST_REVISION
         self._compacted = semantics.FIRST_REVISION
         """Watches may start from any revision ≥ this; ``_history[i]`` is revision compacted+1+i."""
@@ -163,24 +170,33 @@ class MemoryStore:
         store's revision as the list's resourceVersion. Raises ``StoreError`` when closed."""
         self._check_open()
         return ObjectList(
-            items=[semantics.decode(text) for _, text in self._select(kind, namespace, selector)],
+            items=[obj for obj, _ in self._select(kind, namespace, selector)],
             resource_version=str(self._revision),
         )
 
     def _select(self, kind: Kind, namespace: str | None, selector: Selector) -> Iterator[_Entry]:
+        """The objects of ``kind`` in ``namespace`` (None: all) that ``selector`` matches, each
+        decoded once."""
         ns = semantics.namespace_filter(kind, namespace)
         everything = not selector.labels and not selector.fields
-        for (obj_ns, _), entry in self._objects[kind].items():
-            if (ns is None or obj_ns == ns) and (everything or selector.matches(entry[0])):
-                yield entry
+        for (obj_ns, _), text in self._objects[kind].items():
+            if ns is None or obj_ns == ns:
+                obj = semantics.decode(text)
+                if everything or selector.matches(obj):
+                    yield obj, text
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
         """One object (a copy). Raises ``NotFound``; ``StoreError`` (400) without a
         namespace for a namespaced kind."""
         self._check_open()
-        return semantics.decode(self._entry(kind, semantics.object_key(kind, name, namespace))[1])
+        return semantics.decode(self._text(kind, semantics.object_key(kind, name, namespace)))
 
     def _entry(self, kind: Kind, key: semantics.ObjectKey) -> _Entry:
+        """The object at ``key``, decoded, and its text. Raises ``NotFound``."""
+        text = self._text(kind, key)
+        return semantics.decode(text), text
+
+    def _text(self, kind: Kind, key: semantics.ObjectKey) -> str:
         try:
             return self._objects[kind][key]
         except KeyError:
@@ -302,11 +318,11 @@ class MemoryStore:
         self._check_open()
         key = semantics.object_key(Kind.POD, name, namespace)
         pod_entry = self._entry(Kind.POD, key)
-        pdbs = (entry[0] for (ns, _), entry in self._objects[Kind.PDB].items() if ns == key[0])
+        pdbs = (obj for obj, _ in self._select(Kind.PDB, key[0], EVERYTHING))
         pdb = semantics.eviction_budget(pod_entry[0], pdbs)
         if pdb is not None:
             pdb_key = (key[0], pdb["metadata"]["name"])
-            pdb_entry = self._objects[Kind.PDB][pdb_key]
+            pdb_entry = self._entry(Kind.PDB, pdb_key)
             self._write(
                 Kind.PDB,
                 pdb_key,
@@ -331,13 +347,13 @@ class MemoryStore:
         stored JSON text (a verb that replies with the object decodes it: delete, bind and
         evict do not)."""
         revision = self._revision + 1
-        text, stored = semantics.encode_copy(kind, semantics.stamp(obj, revision))  # our own copy
+        text, _ = semantics.encode_copy(kind, semantics.stamp(obj, revision))  # validated
         self._revision = revision
         self._kind_revision[kind] = revision
         if change is EventType.DELETED:
             del self._objects[kind][key]
         else:
-            self._objects[kind][key] = (stored, text)
+            self._objects[kind][key] = text
         self._history.append(
             _Change(
                 revision=revision,
@@ -455,8 +471,8 @@ class _MemoryWatch(EmbeddedWatch):
 
     def _snapshot(self) -> None:
         store = self._store
-        for _, text in store._select(self._kind, self._namespace, self._selector):
-            self._pending.append(WatchEvent(EventType.ADDED, semantics.decode(text)))
+        for obj, _ in store._select(self._kind, self._namespace, self._selector):
+            self._pending.append(WatchEvent(EventType.ADDED, obj))
         self._last = store._revision
 
     def _scan(self) -> WatchEvent | None:
