@@ -178,3 +178,24 @@ async def test_a_watch_far_behind_decodes_its_own_object() -> None:
         assert b.object == a.object and b.object is not a.object
     finally:
         await store.close()
+
+
+async def test_objects_are_kept_as_text_and_every_read_is_a_private_copy() -> None:
+    """The store keeps each object's JSON text only (no dict tree for the collector of the
+    process it runs in); each verb that returns an object decodes a copy of its own."""
+    store = MemoryStore()
+    try:
+        await store.create(Kind.POD, make_pod("a"))
+        patched = await store.patch(Kind.POD, "a", {"metadata": {"labels": {"x": "1"}}}, namespace=NS)
+        await store.bind(NS, "a", uid=None, node="n1", annotations={"k": "v"})
+        assert all(isinstance(text, str) for text in store._objects[Kind.POD].values())
+        patched["metadata"]["labels"]["x"] = "changed by the caller"
+        first = await store.get(Kind.POD, "a", namespace=NS)
+        second = await store.get(Kind.POD, "a", namespace=NS)
+        assert first == second and first is not second
+        assert first["metadata"]["labels"]["x"] == "1"
+        assert first["spec"]["nodeName"] == "n1" and first["metadata"]["annotations"]["k"] == "v"
+        (listed,) = (await store.list(Kind.POD, namespace=NS)).items
+        assert listed == first and listed is not first
+    finally:
+        await store.close()
