@@ -18,7 +18,7 @@ node views, devices and holders, and what replaces them survives the young colle
 generation 2. A generation-1 collection moves its survivors there, and CPython runs a full
 collection once ten of those have run and the objects promoted since the last one exceed a
 quarter of those it kept then: after a few thousand scheduling cycles a full collection
-traverses everything replaced since the freeze (83-92 ms at 2,500 nodes after 3,300 cycles,
+traverses everything replaced since the freeze (83-96 ms at 2,500 nodes after 3,300 cycles,
 ``hack/bench_extender.py --nodes 2500 --pods 10000 --cycles 4000``), and the longer the
 extender runs, the more of the inventory that is. So :func:`freeze` also installs
 :func:`freeze_survivors`, which freezes the survivors of every generation-1 and full
