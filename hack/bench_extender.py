@@ -51,12 +51,14 @@ from typing import Any, Final, TypeVar
 import aiohttp
 import uvloop
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as Dockerfile.extender: no BLAS thread pool
 
 from extender import gcpolicy
 from extender import server as extserver
+from extender.lease import controller as lease_controller
 from extender.metrics import REQUEST_SECONDS
 from flexlease.api import keys
 from flexlease.config import ExtenderSettings, Settings, StoreSettings
@@ -393,6 +395,8 @@ async def _server(
         if args.no_gc_policy
         else [gcpolicy.cleanup_ctx(gen0_threshold=args.gen0, gen1_threshold=args.gen1)]
     )
+    if args.lease_controller:  # as extender.main: the controller shares the process (no election)
+        contexts.insert(0, lease_controller.cleanup_ctx(settings, store, registry=CollectorRegistry()))
     app = extserver.create_app(settings, store, extra_contexts=contexts)
     cache = app[extserver.FILTER_CACHE]
     recorded: dict[str, list[float]] = {v: [] for v in (*VERBS, "empty", *(p for p, _ in FILTER_PARTS))}
@@ -455,9 +459,9 @@ async def _server(
         host, port = runner.addresses[0][:2]
         urls.append(f"http://{host}:{port}")
     inv = app[extserver.INVENTORY]
-    pod_watch = app[extserver.WATCHES][Kind.POD]
-    # ready, and the watch applied the load's last write (polling: nothing to wait on)
-    while not inv.ready or int(pod_watch.resource_version or 0) < store.revision:  # noqa: ASYNC110
+    # ready, and every watch (the extender's, the lease controller's) applied the last write of
+    # its kind (polling: nothing to wait on)
+    while not inv.ready or not store.idle:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     while not args.no_gc_policy and not gc.get_freeze_count():  # noqa: ASYNC110
         await asyncio.sleep(0.05)  # the extender's policy froze the listed inventory
@@ -659,6 +663,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--asyncio-loop", action="store_true", help="serve on asyncio's own event loop, not uvloop"
+    )
+    parser.add_argument(
+        "--lease-controller",
+        action="store_true",
+        help="also run the lease controller in the server process, as extender.main does "
+        "(its Pod, GPUNode and GPULease mirrors; no leader election)",
     )
     parser.add_argument(
         "--gen0", type=int, default=gcpolicy.GEN0_THRESHOLD, help="the GC policy's generation-0 threshold"
