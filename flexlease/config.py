@@ -126,6 +126,12 @@ class LeaseSettings(_Group):
     resync_seconds: float = Field(default=30.0, gt=0)
     standby_pool_size: int = Field(default=0, ge=0)
     """GPUs the standby pool is kept at (0 = leave the pool as operators set it)."""
+    cluster_min_interval_seconds: float = Field(default=0.0, ge=0)
+    """Least time between two cluster reconciles (tag release, the standby pool, the gauges: each
+    over every GPU). Every bound pod's watch event asks for one; without a floor the controller
+    runs one per bind, in the process that answers kube-scheduler (README, "ninth round"):
+    ``manifests/base/extender/config.yaml`` sets 1. 0 (the default, and the simulator's and the
+    demo's): none, every change reconciled at once."""
     leader_election: bool = False
     leader_lease_name: str = "flexlease-extender"
     leader_lease_namespace: str = "flexlease-system"

@@ -61,7 +61,7 @@ from extender import server as extserver
 from extender.lease import controller as lease_controller
 from extender.metrics import REQUEST_SECONDS
 from flexlease.api import keys
-from flexlease.config import ExtenderSettings, Settings, StoreSettings
+from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StoreSettings
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
 
@@ -388,7 +388,9 @@ async def _server(
     )
     load_s = time.perf_counter() - t0
     settings = Settings(
-        store=StoreSettings(kind="memory"), extender=ExtenderSettings(port=0, reservation_ttl_seconds=300)
+        store=StoreSettings(kind="memory"),
+        extender=ExtenderSettings(port=0, reservation_ttl_seconds=300),
+        lease=LeaseSettings(cluster_min_interval_seconds=args.cluster_interval),
     )
     contexts = (
         []
@@ -669,6 +671,13 @@ def main() -> None:
         action="store_true",
         help="also run the lease controller in the server process, as extender.main does "
         "(its Pod, GPUNode and GPULease mirrors; no leader election)",
+    )
+    parser.add_argument(
+        "--cluster-interval",
+        type=float,
+        default=1.0,
+        help="with --lease-controller: lease.cluster_min_interval_seconds (1, as "
+        "manifests/base/extender/config.yaml; 0: a cluster reconcile per bind)",
     )
     parser.add_argument(
         "--gen0", type=int, default=gcpolicy.GEN0_THRESHOLD, help="the GC policy's generation-0 threshold"

@@ -121,6 +121,8 @@ class LeaseController:
         """Critical roles by framework: their pods are never noticed or evicted (WeFlex §3.4)."""
         self._store = store
         self._clock: Clock = clock or SystemClock()
+        self._cluster_at: float | None = None
+        """Clock time of the last cluster reconcile (``lease.cluster_min_interval_seconds``)."""
         self._instance = instance or socket.gethostname()
         self.metrics = LeaseMetrics(registry)
         self._queue = WorkQueue(
@@ -378,6 +380,11 @@ class LeaseController:
         ``CONFLICT_RETRIES`` times after a fresh GET, then raises ``Conflict``; raises other
         ``StoreError`` s for the caller's back-off. Raises ``ValueError`` on an unknown key."""
         if key == CLUSTER_KEY:
+            floor = self._settings.cluster_min_interval_seconds
+            now = self._clock.now()
+            if self._cluster_at is not None and now < self._cluster_at + floor:
+                return self._cluster_at + floor - now  # asked again too soon: once, then
+            self._cluster_at = now
             await self._reconcile_cluster()
             return None
         if not key.startswith(LEASE_PREFIX) or key.count("/") != 2:

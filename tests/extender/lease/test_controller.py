@@ -626,3 +626,32 @@ async def test_open_lease_keys_follow_every_lease_change(store: MemoryStore, clo
             )
         assert lease_key("online", "b") not in controller._open_lease_keys()
         assert lease_key("online", "c") not in controller._open_lease_keys()
+
+
+async def test_cluster_reconciles_keep_the_configured_interval(
+    store: MemoryStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``lease.cluster_min_interval_seconds``: a cluster reconcile asked for sooner is put off
+    until the interval has passed (the delay is returned for the work queue), not run."""
+    controller = LeaseController(
+        make_settings(cluster_min_interval_seconds=1.0), store, registry=CollectorRegistry(), clock=clock
+    )
+    ran: list[float] = []
+
+    async def reconcile_cluster() -> None:
+        ran.append(clock.now())
+
+    monkeypatch.setattr(controller, "_reconcile_cluster", reconcile_cluster)
+    assert await controller.reconcile(CLUSTER_KEY) is None
+    assert await controller.reconcile(CLUSTER_KEY) == pytest.approx(1.0)
+    await clock.advance(0.4)
+    assert await controller.reconcile(CLUSTER_KEY) == pytest.approx(0.6)
+    assert len(ran) == 1
+    await clock.advance(0.6)
+    assert await controller.reconcile(CLUSTER_KEY) is None
+    assert ran == [pytest.approx(ran[0]), pytest.approx(ran[0] + 1.0)]
+
+    every = LeaseController(make_settings(), store, registry=CollectorRegistry(), clock=clock)
+    monkeypatch.setattr(every, "_reconcile_cluster", reconcile_cluster)
+    assert [await every.reconcile(CLUSTER_KEY) for _ in range(3)] == [None, None, None]
+    assert len(ran) == 5
