@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import stat
@@ -45,14 +44,18 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 
 from flexlease.api import keys
+from flexlease.clock import format_time
 from flexlease.errors import NotFound, NvmlError
 from flexlease.sim import objects
 from flexlease.sim.extender_proc import free_port
@@ -98,20 +101,13 @@ class Report:
     facts: dict[str, Any] = field(default_factory=dict)
     checks: list[dict[str, Any]] = field(default_factory=list)
 
-    def check(self, name: str, ok: bool | None, detail: Any = None) -> bool:
+    def check(self, name: str, ok: bool | None, detail: Any = None) -> None:
         """Record check ``name``: ``ok`` True/False, or None for "not run" (with the reason)."""
         self.checks.append({"name": name, "ok": ok, "detail": detail})
-        return bool(ok)
 
     @property
     def failed(self) -> list[str]:
         return [c["name"] for c in self.checks if c["ok"] is False]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0–1) of ``values``, nearest rank."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 async def query_latency(report: Report, devices: list[dict[str, Any]], queries: int) -> None:
@@ -128,7 +124,7 @@ async def query_latency(report: Report, devices: list[dict[str, Any]], queries: 
                 times.append((time.perf_counter() - started) * 1000)
             per_gpu[str(d["index"])] = {
                 "p50Ms": round(statistics.median(times), 3),
-                "p99Ms": round(percentile(times, 0.99), 3),
+                "p99Ms": round(statistics.quantiles(times, n=100, method="inclusive")[98], 3),
                 "maxMs": round(max(times), 3),
             }
     finally:
@@ -191,8 +187,9 @@ def agent_command(base: Path, kubelet: DeviceKubelet, metrics_port: int) -> tupl
     return cmd, env
 
 
-async def scrape(port: int) -> dict[str, float]:
-    """``flexlease_*`` samples from the agent's ``/metrics`` (name with labels → value)."""
+async def scrape(port: int) -> list[Sample]:
+    """The ``flexlease_*`` samples of the agent's ``/metrics`` (Prometheus text format, read by
+    ``prometheus_client``'s parser)."""
     timeout = aiohttp.ClientTimeout(total=5)
     async with (
         aiohttp.ClientSession(timeout=timeout) as session,
@@ -200,12 +197,18 @@ async def scrape(port: int) -> dict[str, float]:
     ):
         response.raise_for_status()
         text = await response.text()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("flexlease_"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    families = text_string_to_metric_families(text)
+    return [s for f in families if f.name.startswith("flexlease_") for s in f.samples]
+
+
+def samples(scraped: list[Sample], name: str, **labels: str) -> dict[str, float]:
+    """The values of sample ``name`` whose labels include ``labels``, by their label values
+    (JSON-ready: ``"node=…,gpu=…"`` → value)."""
+    return {
+        ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())): s.value
+        for s in scraped
+        if s.name == name and labels.items() <= s.labels.items()
+    }
 
 
 async def gpunode_status(store: SqliteStore) -> JsonObj | None:
@@ -225,17 +228,10 @@ async def bound_pod(store: SqliteStore, uuids: list[str]) -> JsonObj:
         {
             keys.ANN_ASSIGNED_GPUS: f"{NODE}:0",
             keys.ANN_ASSIGNED_UUIDS: uuids[0],
-            keys.ANN_ASSIGNED_AT: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            keys.ANN_ASSIGNED_AT: format_time(datetime.now(UTC)),
         }
     )
     return await store.create(Kind.POD, pod)
-
-
-def temperature(metrics: dict[str, float], index: int) -> float | None:
-    for name, value in metrics.items():
-        if name.startswith("flexlease_gpu_temperature_celsius{") and re.search(rf'gpu="{index}"', name):
-            return value
-    return None
 
 
 async def python3(*args: str, env: dict[str, str] | None = None, limit_s: float) -> tuple[int, str, str]:
@@ -301,8 +297,8 @@ async def agent_steps(report: Report, devices: list[dict[str, Any]], load_second
             advertised,
         )
         before = await scrape(metrics_port)
-        report.check("flexlease_nvml_up is 1", before.get(f'flexlease_nvml_up{{node="{NODE}"}}') == 1.0,
-                     {k: v for k, v in before.items() if k.startswith("flexlease_nvml")})  # fmt: skip
+        nvml_up = samples(before, "flexlease_nvml_up", node=NODE)
+        report.check("flexlease_nvml_up is 1", list(nvml_up.values()) == [1.0], nvml_up)
 
         await bound_pod(store, uuids)
         got = await kubelet.admit(NAMESPACE, POD, [("main", 1)], resource=RESOURCE)
@@ -336,17 +332,17 @@ async def agent_steps(report: Report, devices: list[dict[str, Any]], load_second
             after = await gpunode_status(store) or {}
             devs = sorted(after.get("devices", {}).items())
             health = {i: (d.get("health"), d.get("lastXid")) for i, d in devs}
-            xids = {k: v for k, v in during.items() if k.startswith("flexlease_gpu_xid_events_total")}
+            xids = samples(await scrape(metrics_port), "flexlease_gpu_xid_events_total")
             report.check(
                 "the agent keeps the GPU Healthy under load, no XID",
                 all(h == "Healthy" and x is None for h, x in health.values()) and not any(xids.values()),
                 {"health": health, "xidCounters": xids},
             )
             report.facts["temperatureC"] = {
-                "before": temperature(before, 0),
-                "afterLoad": temperature(during, 0),
+                "before": samples(before, "flexlease_gpu_temperature_celsius", gpu="0"),
+                "afterLoad": samples(during, "flexlease_gpu_temperature_celsius", gpu="0"),
             }
-        report.facts["metrics"] = await scrape(metrics_port)
+        report.facts["metrics"] = [s._asdict() for s in await scrape(metrics_port)]
     finally:
         if proc is not None and proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
@@ -395,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-seconds", type=float, default=20.0, help="seconds of bf16 matrix products")
     parser.add_argument("--out", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
+    if args.queries < 2:
+        parser.error("--queries must be at least 2 (a p99 needs two samples)")
     try:
         report = asyncio.run(amain(args))
     except NvmlError as exc:
