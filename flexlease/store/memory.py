@@ -170,20 +170,20 @@ class MemoryStore:
         store's revision as the list's resourceVersion. Raises ``StoreError`` when closed."""
         self._check_open()
         return ObjectList(
-            items=[obj for obj, _ in self._select(kind, namespace, selector)],
+            items=list(self._select(kind, namespace, selector)),
             resource_version=str(self._revision),
         )
 
-    def _select(self, kind: Kind, namespace: str | None, selector: Selector) -> Iterator[_Entry]:
+    def _select(self, kind: Kind, namespace: str | None, selector: Selector) -> Iterator[JsonObj]:
         """The objects of ``kind`` in ``namespace`` (None: all) that ``selector`` matches, each
-        decoded once."""
+        decoded afresh."""
         ns = semantics.namespace_filter(kind, namespace)
         everything = not selector.labels and not selector.fields
         for (obj_ns, _), text in self._objects[kind].items():
             if ns is None or obj_ns == ns:
                 obj = semantics.decode(text)
                 if everything or selector.matches(obj):
-                    yield obj, text
+                    yield obj
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
         """One object (a copy). Raises ``NotFound``; ``StoreError`` (400) without a
@@ -241,7 +241,7 @@ class MemoryStore:
         if key in self._objects[kind]:
             where = f"{key[0]}/{key[1]}" if key[0] else key[1]
             raise Conflict(f"{kind} {where} already exists")
-        return semantics.decode(self._write(kind, key, change=EventType.ADDED, obj=new, prev=None))
+        return self._write(kind, key, change=EventType.ADDED, obj=new, prev=None)
 
     async def patch(
         self,
@@ -263,10 +263,8 @@ class MemoryStore:
         semantics.check_precondition(current, patch, resource_version=resource_version)
         new = semantics.apply_patch(kind, current, patch, subresource=subresource)
         if new == current:
-            return semantics.decode(text)
-        return semantics.decode(
-            self._write(kind, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
-        )
+            return current  # decoded for this call (_entry), and left unchanged by the patch
+        return self._write(kind, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
 
     async def delete(
         self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_seconds: int | None = None
@@ -318,7 +316,7 @@ class MemoryStore:
         self._check_open()
         key = semantics.object_key(Kind.POD, name, namespace)
         pod_entry = self._entry(Kind.POD, key)
-        pdbs = (obj for obj, _ in self._select(Kind.PDB, key[0], EVERYTHING))
+        pdbs = self._select(Kind.PDB, key[0], EVERYTHING)
         pdb = semantics.eviction_budget(pod_entry[0], pdbs)
         if pdb is not None:
             pdb_key = (key[0], pdb["metadata"]["name"])
@@ -341,13 +339,13 @@ class MemoryStore:
         change: EventType,
         obj: JsonObj,
         prev: _Entry | None,
-    ) -> str:
+    ) -> JsonObj:
         """Commit one revision: ``obj`` (the new state; for DELETED the last one) gets the
         next resourceVersion. Validates (encodes) before touching any state. Returns the
-        stored JSON text (a verb that replies with the object decodes it: delete, bind and
-        evict do not)."""
+        stored state, decoded from its text: a private copy for the verb's reply (create and
+        patch; delete, bind and evict reply with none)."""
         revision = self._revision + 1
-        text, _ = semantics.encode_copy(kind, semantics.stamp(obj, revision))  # validated
+        text, stored = semantics.encode_copy(kind, semantics.stamp(obj, revision))  # validated
         self._revision = revision
         self._kind_revision[kind] = revision
         if change is EventType.DELETED:
@@ -369,7 +367,7 @@ class MemoryStore:
             self._drop_history(excess)
         for watch in self._watches[kind]:
             watch.wake()
-        return text
+        return stored
 
     def _drop_history(self, count: int) -> None:
         for change in self._history[:count]:
@@ -471,7 +469,7 @@ class _MemoryWatch(EmbeddedWatch):
 
     def _snapshot(self) -> None:
         store = self._store
-        for obj, _ in store._select(self._kind, self._namespace, self._selector):
+        for obj in store._select(self._kind, self._namespace, self._selector):
             self._pending.append(WatchEvent(EventType.ADDED, obj))
         self._last = store._revision
 
