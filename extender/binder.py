@@ -188,16 +188,17 @@ class Binder:
             return self._fail(key, node, f"cannot reserve GPUs on {node}: {exc}", cause="no_longer_fits")
 
         assignment = Assignment(node, indices)
+        assigned = assignment.format()
         by_index = {d.index: d for d in view.devices}
         uuids = ",".join(by_index[i].uuid for i in indices)
         recorded = (pod.get("metadata") or {}).get("annotations") or {}
         kept = (
-            recorded.get(keys.ANN_ASSIGNED_GPUS) == assignment.format()
+            recorded.get(keys.ANN_ASSIGNED_GPUS) == assigned
             and recorded.get(keys.ANN_ASSIGNED_UUIDS) == uuids
             and recorded.get(keys.ANN_ASSIGNED_AT)
         )
         annotations = {
-            keys.ANN_ASSIGNED_GPUS: assignment.format(),
+            keys.ANN_ASSIGNED_GPUS: assigned,
             keys.ANN_ASSIGNED_UUIDS: uuids,
             # a claim kept as it stands keeps its time: only the Binding was missing
             keys.ANN_ASSIGNED_AT: kept or format_time(datetime.now(UTC)),

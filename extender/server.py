@@ -31,7 +31,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 import orjson
 from aiohttp import web
@@ -277,7 +277,11 @@ def _decode(raw: bytes) -> Any:
         raise _Reject(400, exc.reason, str(exc)) from exc
 
 
-async def _read_args(request: web.Request) -> wire.ExtenderArgs:
+_Args: TypeAlias = wire.ExtenderArgs | body.CandidateArgs
+"""``ExtenderArgs``: the model, or the fast path's :class:`extender.body.CandidateArgs`."""
+
+
+async def _read_args(request: web.Request) -> _Args:
     """The ``ExtenderArgs`` of ``/filter`` or ``/prioritize``: through the app's
     :class:`extender.body.ExtenderArgsDecoder` when the body has the exact shape
     kube-scheduler sends, else like any body (:func:`_read_json`, the model): same
@@ -390,7 +394,7 @@ def _own_claims(
 
 
 def _filter_reply(
-    args: wire.ExtenderArgs, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str]
+    args: _Args, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str]
 ) -> dict[str, Any]:
     """The reply in the form the scheduler asked in: ``NodeNames`` (nodeCacheCapable) or a
     ``Nodes`` list holding the passed items."""
@@ -446,7 +450,10 @@ async def prioritize_verb(request: web.Request) -> web.Response:
 
 async def bind_verb(request: web.Request) -> web.Response:
     """``POST /bind``: ExtenderBindingArgs → ExtenderBindingResult (``Error`` empty on success)."""
-    args = _model(wire.ExtenderBindingArgs, await _read_json(request))
+    raw = await _read_bytes(request)
+    args: body.BindingArgs | wire.ExtenderBindingArgs | None = body.decode_binding_args(raw)
+    if args is None:  # not in the exact shape kube-scheduler sends: the model decides
+        args = _model(wire.ExtenderBindingArgs, _decode(raw))
     leader = request.app[LEADER]
     if leader is not None:
         leading, holder = leader()

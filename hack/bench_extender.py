@@ -738,6 +738,22 @@ def run_once(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], 
     return hello, result, server
 
 
+def interpreter() -> str:
+    """Which CPython runs the bench (the server is forked from it): its executable, version,
+    and whether libpython is a shared library or linked into the executable. The two builds
+    on the project's VM differ by about a fifth in the handlers' CPU: pyenv's default build
+    (``--enable-shared``, no ``--enable-optimizations``) and Debian's ``python3.11``, the
+    interpreter of the images (``hack/build-images.sh``), which Debian links statically and
+    builds with profile-guided optimization (README, "Extender speed, tenth round")."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        linked = "libpython: unknown"
+    else:
+        linked = "shared libpython" if "libpython" in maps else "libpython linked in"
+    return f"{sys.executable} (CPython {platform.python_version()}, {linked})"
+
+
 def _ms(values: list[float], q: float) -> str:
     return f"{percentile(values, q) * 1000:.2f}"
 
@@ -755,6 +771,7 @@ def report(
     t, rec = result["times"], server["recorded"]
     cpu = platform.processor() or platform.platform()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu}), python {platform.python_version()}")
+    print(f"interpreter: {interpreter()}")
     print(f"server on CPU {args.server_cpu}, client on CPU {args.client_cpu}; load average {os.getloadavg()}")
     print(
         f"cluster: {args.nodes} nodes x 8 GPUs, {args.pods} running pods, loaded in {hello['load_s']:.1f} s"

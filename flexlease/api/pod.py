@@ -47,7 +47,7 @@ class Assignment:
         object.__setattr__(self, "devices", tuple(DeviceKey(self.node, i) for i in self.indices))
 
     def format(self) -> str:
-        return f"{self.node}:{','.join(str(i) for i in self.indices)}"
+        return f"{self.node}:{','.join(map(str, self.indices))}"
 
     @staticmethod
     def parse(value: str) -> Assignment:

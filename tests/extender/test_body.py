@@ -21,6 +21,11 @@ def _general(raw: bytes) -> wire.ExtenderArgs:
     return wire.ExtenderArgs.model_validate(body.decode(raw))
 
 
+def _members(args: body.CandidateArgs | wire.ExtenderArgs) -> tuple[Any, Any, Any]:
+    """What the verbs read of either kind of args (the fast path's or the model)."""
+    return args.pod, args.nodes, args.node_names
+
+
 def _envelope(pod: Any, names: Any, *, nodes: str = "null", compact: bool = False) -> bytes:
     """An ExtenderArgs body; ``compact``: without spaces, as Go's encoding/json writes it."""
     separators = (",", ":") if compact else None
@@ -63,7 +68,7 @@ def test_the_fast_path_gives_what_the_general_path_gives(
             assert re.search(rb"[0-9]{19}", text) is not None
             continue
         expected = _general(text)
-        assert args.model_dump() == expected.model_dump()
+        assert _members(args) == _members(expected)
         assert args.candidate_names() == expected.candidate_names()
 
 
@@ -84,7 +89,7 @@ def test_a_body_ending_in_a_kept_list_is_split_at_the_envelope() -> None:
     raw = _envelope(tricky, names, compact=True)
     args = decoder.decode(raw)
     assert args is not None and args.node_names is first.node_names
-    assert args.model_dump() == _general(raw).model_dump()
+    assert _members(args) == _members(_general(raw))
     assert (decoder.hits, decoder.misses) == (1, 3)
     # a pod that is not one JSON value where the split would put it: the envelope decides
     for bad in (b'{"Pod":{"a":1}}, {"b":2', b'{"Pod":1,"Nodes":null,"NodeNames":[]'):
@@ -105,7 +110,7 @@ def test_a_real_filter_body_reuses_the_pod_and_the_node_list() -> None:
     third = decoder.decode(raw)
     assert third is not None and third.node_names is first.node_names
     assert (decoder.hits, decoder.misses) == (3, 3)
-    assert third.model_dump() == _general(raw).model_dump()
+    assert _members(third) == _members(_general(raw))
 
 
 @settings(max_examples=200, deadline=None)
@@ -125,7 +130,7 @@ def test_an_announced_list_is_used_as_its_decoding(names: list[str], pod: dict[s
         assert re.search(rb"[0-9]{19}", raw) is not None
         return
     assert args.node_names is names and decoder.misses == 1  # the pod only
-    assert args.model_dump() == _general(raw).model_dump()
+    assert _members(args) == _members(_general(raw))
 
 
 @settings(max_examples=200, deadline=None)
@@ -219,7 +224,7 @@ def test_integers_outside_64_bits_stay_exact_integers(literal: bytes) -> None:
 def test_the_depth_limit_counts_the_envelope() -> None:
     raw = _envelope(_nested(99), ["n1"])  # 100 levels in all: accepted either way
     args = body.ExtenderArgsDecoder().decode(raw)
-    assert args is not None and args.model_dump() == _general(raw).model_dump()
+    assert args is not None and _members(args) == _members(_general(raw))
     with pytest.raises(body.BodyError, match="deeper than 100") as info:
         body.decode(_envelope(_nested(100), ["n1"]))
     assert info.value.reason == "too_deep"
@@ -240,3 +245,75 @@ def test_the_general_decoder_refuses_with_a_reason(raw: bytes, reason: str) -> N
         body.decode(raw)
     assert info.value.reason == reason
     assert body.decode(b'{"a": 12345678901234567890}') == {"a": 12345678901234567890}  # 20 digits
+
+
+# --------------------------------------------------------------------------- /bind's args
+
+
+def _general_binding(raw: bytes) -> wire.ExtenderBindingArgs | None:
+    """What the general way makes of ``raw``: the model, or None where it answers 400."""
+    try:
+        value = body.decode(raw)
+        return wire.ExtenderBindingArgs.model_validate(value) if isinstance(value, dict) else None
+    except (body.BodyError, ValueError):  # pydantic's ValidationError is a ValueError
+        return None
+
+
+_FIELDS = ("PodName", "PodNamespace", "PodUID", "Node")
+
+
+def _fields(args: body.BindingArgs | wire.ExtenderBindingArgs) -> tuple[str, str, str, str]:
+    return args.pod_name, args.pod_namespace, args.pod_uid, args.node
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    members=st.lists(
+        st.tuples(
+            st.sampled_from((*_FIELDS, "podName", "NODE", "Extra", "")),
+            st.text(max_size=4) | st.integers(-3, 3) | st.none() | st.lists(st.text(max_size=2), max_size=2),
+        ),
+        max_size=7,
+    ),
+    spaced=st.booleans(),
+)
+def test_binding_args_fast_path_gives_what_the_general_path_gives(
+    members: list[tuple[str, Any]], spaced: bool
+) -> None:
+    """Any object of those keys (repeated, in another case, unknown, missing, of any type):
+    the fast path's args are the model's, and it hands over every body the general way
+    would answer differently."""
+    separator = ", " if spaced else ","
+    raw = ("{" + separator.join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in members) + "}").encode()
+    fast = body.decode_binding_args(raw)
+    if fast is None:
+        return
+    expected = _general_binding(raw)
+    assert expected is not None, raw
+    assert _fields(fast) == _fields(expected)
+
+
+def test_binding_args_as_kube_scheduler_sends_them_take_the_fast_path() -> None:
+    raw = b'{"PodName":"train-0","PodNamespace":"batch","PodUID":"3f1c","Node":"gpu-00012"}'
+    args = body.decode_binding_args(raw)
+    assert args is not None
+    assert _fields(args) == ("train-0", "batch", "3f1c", "gpu-00012")
+    assert _fields(args) == _fields(wire.ExtenderBindingArgs.model_validate(orjson.loads(raw)))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"podName":"p","PodNamespace":"n","PodUID":"u","Node":"x"}',  # Go matches keys in any case
+        b'{"PodName":"p","PodNamespace":"n","PodUID":"u","Node":"x","podname":"q"}',  # …the last one wins
+        b'{"PodName":"","PodNamespace":"n","PodUID":"u","Node":"x"}',
+        b'{"PodName":"p","PodNamespace":"n","Node":"x"}',
+        b'{"PodName":"p","PodNamespace":"n","PodUID":1,"Node":"x"}',
+        b'{"PodName":"\\ud800","PodNamespace":"n","PodUID":"u","Node":"x"}',  # a lone surrogate
+        b'{"PodName":"\xff","PodNamespace":"n","PodUID":"u","Node":"x"}',
+        b'[{"PodName":"p"}]',
+        b"",
+    ],
+)
+def test_binding_args_not_in_the_exact_shape_go_the_general_way(raw: bytes) -> None:
+    assert body.decode_binding_args(raw) is None
