@@ -16,9 +16,10 @@ disjoint, so:
   ``listed``). When that does not single one out (no ``listed``, or several such pods), the
   fits are ranked: exact fits (the pod's remaining devices = the requested size) before partial
   ones (a pod whose containers are allocated one by one), then in the order the agent saw them
-  bound (``seq``). Such a choice is marked ``ambiguous``; the PodResources reconcile
-  (:mod:`nodeagent.deviceplugin.reconcile`) checks it afterwards and exchanges assignments when
-  kubelet admitted another pod than guessed (:func:`exchange`).
+  bound (``seq``), among the fitting pods kubelet lists when it lists any (a pod not in its
+  pod manager is not being admitted). Such a choice is marked ``ambiguous``; the PodResources
+  reconcile (:mod:`nodeagent.deviceplugin.reconcile`) checks it afterwards and exchanges
+  assignments when kubelet admitted another pod than guessed (:func:`exchange`).
 
 Device IDs are NVML UUIDs (the IDs the plugin advertises).
 """
@@ -125,8 +126,12 @@ def prefer(
         # Disjoint assignments: only one pod can hold a non-empty must_include.
         _, _, pod, chosen = fits[0]
         return Preference(chosen, pod.key, PreferenceKind.PINNED)
-    if listed is not None and len(fits) > 1:
-        admitting = [f for f in fits if f[2].key in listed and listed[f[2].key] < frozenset(f[2].uuids)]
+    if listed is not None:
+        # kubelet admits only pods in its pod manager, which List shows: a fitting pod it does
+        # not list is not the one being admitted (unless it lists none of them)
+        shown = [f for f in fits if f[2].key in listed]
+        fits = shown or fits
+        admitting = [f for f in shown if listed[f[2].key] < frozenset(f[2].uuids)]
         if len(admitting) == 1:
             _, _, pod, chosen = admitting[0]
             return Preference(chosen, pod.key, PreferenceKind.ADMITTING)

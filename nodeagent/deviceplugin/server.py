@@ -6,8 +6,8 @@
   and again at every change of the board, so a GPU that fails stops being allocatable and one
   that recovers comes back without a restart.
 * ``GetPreferredAllocation``: for each container request, the assigned devices of the pod
-  being admitted (:func:`~nodeagent.deviceplugin.matching.prefer`; when several pods fit, it
-  asks kubelet's PodResources ``List`` which of them is being admitted).
+  being admitted (:func:`~nodeagent.deviceplugin.matching.prefer`, told which pods kubelet's
+  PodResources ``List`` shows: the one being admitted is among them).
 * ``Allocate``: maps each container's device set back to the one pod whose assignment holds
   it (:func:`~nodeagent.deviceplugin.matching.allocated_pod`), records it, and answers with
   ``NVIDIA_VISIBLE_DEVICES`` (and device nodes / CDI names when configured). Devices that are
@@ -16,8 +16,10 @@
 * ``PreStartContainer``: checks the device set (kubelet may reorder it) against what was
   allocated, and answers.
 
-When no pod fits yet (the agent's pod watch trailing kubelet's), the answer waits up to
-``agent.device_plugin_match_wait_seconds`` for the watch to catch up.
+When no pod fits yet, or only pods that kubelet does not list (the agent's pod watch trailing
+kubelet's: the pod being admitted is not in the pod book yet), the answer waits up to
+``agent.device_plugin_match_wait_seconds`` for the watch to catch up, then answers with what it
+has.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class DevicePluginService:
         listed: Callable[[], Awaitable[Mapping[str, frozenset[str]] | None]] | None = None,
     ) -> None:
         """``listed``: reads kubelet's PodResources ``List`` (pod → device IDs; None when it
-        does not answer), asked when several pods fit a request."""
+        does not answer), asked once per preferred-allocation request."""
         self._listed = listed
         self._board = board
         self._book = book
@@ -156,16 +158,24 @@ class DevicePluginService:
                     f"allocation_size {size} with {len(available)} available and must_include {must}",
                 )
 
-            def compute(
-                available: list[str] = available, must: list[str] = must, size: int = size
-            ) -> Preference:
-                return prefer(self._book.pending(), available, must, size)
+            # kubelet's pods now (the one being admitted among them), read once: it admits one
+            # pod at a time, so the list does not change while this request waits
+            listed = await self._listed() if self._listed is not None else None
 
-            pref = await self._until(lambda p: p.kind is not PreferenceKind.NONE, compute)
-            if pref.kind is PreferenceKind.ORDERED and self._listed is not None:
-                listed = await self._listed()
-                if listed is not None:
-                    pref = prefer(self._book.pending(), available, must, size, listed=listed)
+            def compute(
+                available: list[str] = available,
+                must: list[str] = must,
+                size: int = size,
+                listed: Mapping[str, frozenset[str]] | None = listed,
+            ) -> Preference:
+                return prefer(self._book.pending(), available, must, size, listed=listed)
+
+            def settled(p: Preference, listed: Mapping[str, frozenset[str]] | None = listed) -> bool:
+                # a pod kubelet does not list is not the one it admits: the pod watch trails
+                # kubelet's, so wait for the pod kubelet is admitting to show up in the book
+                return p.kind is not PreferenceKind.NONE and (listed is None or p.pod in listed)
+
+            pref = await self._until(settled, compute)
             self._metrics.preferred.labels(node=self.node, match=pref.kind.value).inc()
             level = (
                 logging.WARNING

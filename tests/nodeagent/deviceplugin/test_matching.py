@@ -129,9 +129,16 @@ def test_kubelets_list_singles_out_the_pod_being_admitted() -> None:
     listed = {"third": frozenset(), "other/no-gpu": frozenset(), "old": frozenset({IDS[7]})}
     p = prefer(pods, IDS, [], 2, listed=listed)
     assert (p.pod, p.kind, p.devices) == ("third", PreferenceKind.ADMITTING, (IDS[4], IDS[5]))
-    # several listed without devices (a batch): fall back to the bind order, marked ambiguous
+    # several listed without devices (a batch): the bind order among them, marked ambiguous;
+    # "first", bound earlier, is not in kubelet's pod manager, so it is not being admitted
     p = prefer(pods, IDS, [], 2, listed={"second": frozenset(), "third": frozenset()})
+    assert (p.pod, p.kind, p.others) == ("second", PreferenceKind.ORDERED, ("third",))
+    # kubelet lists none of the fitting pods (a List that does not show admissions): the bind order
+    p = prefer(pods, IDS, [], 2, listed={"other/no-gpu": frozenset()})
     assert (p.pod, p.kind) == ("first", PreferenceKind.ORDERED)
+    # the only fitting pod kubelet lists, even if it has no rival in the book
+    p = prefer([pod("only", 0, 1, seq=1)], IDS, [], 2, listed={"only": frozenset()})
+    assert (p.pod, p.kind) == ("only", PreferenceKind.ADMITTING)
 
 
 def test_exchange_gives_the_pending_pod_the_devices_the_admitted_one_left() -> None:

@@ -248,7 +248,7 @@ async def test_after_an_agent_restart_allocated_pods_are_not_pending() -> None:
             assert await node.admit("new", 1) == node.ids(3)
             assert (
                 ctx.registry.get_sample_value(
-                    "flexlease_deviceplugin_preferred_total", {"node": NODE, "match": "unique"}
+                    "flexlease_deviceplugin_preferred_total", {"node": NODE, "match": "admitting"}
                 )
                 == 1.0
             )
@@ -274,6 +274,22 @@ async def test_pods_admitted_in_another_order_than_bound_still_get_their_gpus() 
         for name in reversed(plan):  # kubelet's order is its own (e.g. one batch by creation time)
             assert await node.admit(name, 2) == node.ids(*plan[name]), name
         assert sample(node, "flexlease_deviceplugin_preferred_total", match="admitting") == 3.0
+        assert node.plugin.reconciler is not None
+        assert await node.plugin.reconciler.reconcile() == []
+
+
+async def test_a_pod_kubelet_admits_before_the_pod_watch_shows_it_still_gets_its_gpus() -> None:
+    """The agent's pod watch trails kubelet's: kubelet admits b while the book knows only a,
+    which fits the request just as well. a is not in kubelet's pod manager (List), so it is
+    not the pod being admitted: the plugin waits for the watch to show b."""
+    async with running_node(gpus=4) as node:
+        await node.bind("a", [0, 1])
+        admission = asyncio.create_task(node.admit("b", 2))  # b not in the store yet
+        await asyncio.sleep(0.2)  # kubelet is waiting in GetPreferredAllocation
+        assert not admission.done()
+        await node.bind("b", [2, 3])
+        assert await asyncio.wait_for(admission, 5) == node.ids(2, 3)
+        assert await node.admit("a", 2) == node.ids(0, 1)
         assert node.plugin.reconciler is not None
         assert await node.plugin.reconciler.reconcile() == []
 
