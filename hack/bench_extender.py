@@ -741,7 +741,7 @@ def run_once(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], 
 def interpreter() -> str:
     """Which CPython runs the bench (the server is forked from it): its executable, version,
     and whether libpython is a shared library or linked into the executable. The two builds
-    on the project's VM differ by about 8 % in the handlers' CPU (12 % in instructions, a fifth
+    on the project's VM differ by 7–8 % in the handlers' CPU (12 % in instructions, 23 %
     on a pure-Python loop): pyenv's default build (``--enable-shared``, no
     ``--enable-optimizations``) and Debian's ``python3.11``, the interpreter of the images
     (``hack/build-images.sh``), which Debian links statically and builds with profile-guided

@@ -57,7 +57,11 @@ class PreferenceKind(enum.StrEnum):
     UNIQUE = "unique"
     """Exactly one pod fits."""
     ADMITTING = "admitting"
-    """Several fit; kubelet's PodResources shows exactly one of them being admitted."""
+    """kubelet's PodResources shows exactly one of the fitting pods being admitted."""
+    UNFIT = "unfit"
+    """kubelet's PodResources shows a pod of the book being admitted whose assignment does not
+    fit the request (its devices not available yet, e.g. still held by a terminating pod),
+    and none of the fitting pods: devices no pending pod is assigned are preferred."""
     ORDERED = "ordered"
     """Several pods fit equally; the first bound was taken."""
     NONE = "none"
@@ -105,6 +109,7 @@ def prefer(
     negative."""
     if size < 0:
         raise ValueError(f"allocation_size must be >= 0, got {size}")
+    pods = list(pods)
     avail = set(available)
     must = set(must_include)
     fits: list[tuple[bool, int, PendingPod, tuple[str, ...]]] = []
@@ -119,13 +124,21 @@ def prefer(
         chosen = tuple(_in_order(must | set(extra[:need]), pod.uuids))
         exact = len([u for u in pod.remaining if u not in must]) == need
         fits.append((exact, pod.seq, pod, chosen))
-    if not fits:
-        fallback = list(must_include) + [u for u in available if u not in must]
-        return Preference(tuple(fallback[:size]), None, PreferenceKind.NONE)
-    if must:
+    if fits and must:
         # Disjoint assignments: only one pod can hold a non-empty must_include.
         _, _, pod, chosen = fits[0]
         return Preference(chosen, pod.key, PreferenceKind.PINNED)
+    if listed is not None and not any(f[2].key in listed for f in fits):
+        admitted = [p for p in pods if p.key in listed and listed[p.key] < frozenset(p.uuids)]
+        if admitted:  # known, and no fit: waiting for the pod watch changes nothing
+            claimed = {u for p in pods for u in p.remaining}
+            spare = [u for u in available if u not in must and u not in claimed]
+            others = [u for u in available if u not in must and u in claimed]
+            devices = (list(must_include) + spare + others)[:size]
+            return Preference(tuple(devices), admitted[0].key, PreferenceKind.UNFIT)
+    if not fits:
+        fallback = list(must_include) + [u for u in available if u not in must]
+        return Preference(tuple(fallback[:size]), None, PreferenceKind.NONE)
     if listed is not None:
         # kubelet admits only pods in its pod manager, which List shows: a fitting pod it does
         # not list is not the one being admitted (unless it lists none of them)

@@ -8,7 +8,10 @@
 ``flexlease_deviceplugin_devices``                 gauge    devices last sent by ListAndWatch, by
                                                             ``health`` (Healthy, Unhealthy)
 ``flexlease_deviceplugin_preferred_total``         counter  GetPreferredAllocation answers by
-                                                            ``match`` (pinned, unique, ordered, none)
+                                                            ``match`` (pinned, unique, admitting,
+                                                            unfit, ordered, none, unlisted: the
+                                                            match wait ran out on a pod kubelet
+                                                            does not list)
 ``flexlease_deviceplugin_allocations_total``       counter  Allocate container requests by ``result``
                                                             (matched: the devices are one pod's
                                                             assignment; unmatched: they are not)
@@ -30,6 +33,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from nodeagent.deviceplugin.matching import PreferenceKind
 
 PREFIX: Final = "flexlease_deviceplugin_"
+UNLISTED: Final = "unlisted"
+"""``match`` of a preferred allocation made when the match wait ran out while the pod it
+names is not in kubelet's PodResources ``List`` (so likely not the pod being admitted)."""
 
 
 class DevicePluginMetrics:
@@ -56,7 +62,7 @@ class DevicePluginMetrics:
             ["node", "health"],
             registry=registry,
         )
-        self.preferred = Counter(
+        self.preferred = Counter(  # match: a PreferenceKind's value, or UNLISTED
             PREFIX + "preferred",
             "GetPreferredAllocation answers by how the pod was matched.",
             ["node", "match"],
@@ -91,8 +97,8 @@ class DevicePluginMetrics:
             self.writebacks.labels(node=node, result=result)
         for health in ("Healthy", "Unhealthy"):
             self.devices.labels(node=node, health=health)
-        for kind in PreferenceKind:
-            self.preferred.labels(node=node, match=kind.value)
+        for match in (*(kind.value for kind in PreferenceKind), UNLISTED):
+            self.preferred.labels(node=node, match=match)
         for result in ("matched", "unmatched"):
             self.allocations.labels(node=node, result=result)
         self.mismatches.labels(node=node)

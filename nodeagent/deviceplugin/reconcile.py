@@ -76,6 +76,8 @@ class PodResourcesReconciler:
         self._settings = settings
         self._metrics = metrics
         self._now = now
+        self._list_failing = False
+        """The last :meth:`listed` call failed (its failures are logged at warning once)."""
         self.node = board.node
         self._counted: set[tuple[str, frozenset[str]]] = set()
         self._suspects: dict[str, frozenset[str]] = {}
@@ -127,8 +129,14 @@ class PodResourcesReconciler:
             async with self._channel() as channel:
                 pods = await self._list(channel, seconds=LISTED_TIMEOUT_SECONDS)
         except grpc.aio.AioRpcError as exc:
-            log.warning("PodResources List failed", extra=ctx(node=self.node, code=exc.code().name))
+            # asked on every preferred allocation: warn when it starts failing, not each time
+            level = logging.DEBUG if self._list_failing else logging.WARNING
+            self._list_failing = True
+            log.log(level, "PodResources List failed", extra=ctx(node=self.node, code=exc.code().name))
             return None
+        if self._list_failing:
+            self._list_failing = False
+            log.info("PodResources List answers again", extra=ctx(node=self.node))
         return {k: frozenset(v) for k, v in pods.items()}
 
     async def read(self) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import grpc
 
@@ -38,7 +38,7 @@ from flexlease.logging import ctx
 from nodeagent.deviceplugin import deviceplugin_pb2 as pb
 from nodeagent.deviceplugin import rpc
 from nodeagent.deviceplugin.matching import PendingPod, Preference, PreferenceKind, allocated_pod, prefer
-from nodeagent.deviceplugin.metrics import DevicePluginMetrics
+from nodeagent.deviceplugin.metrics import UNLISTED, DevicePluginMetrics
 from nodeagent.deviceplugin.pods import PodBook
 from nodeagent.deviceplugin.response import container_response
 from nodeagent.health.board import NodeBoard
@@ -60,6 +60,11 @@ def advertised(board: NodeBoard) -> list[pb.Device]:
         healthy = state is not None and state.health is Health.HEALTHY
         out.append(pb.Device(ID=ident.uuid, health=HEALTHY if healthy else UNHEALTHY))
     return out
+
+
+_DOUBTFUL: Final = frozenset({PreferenceKind.NONE, PreferenceKind.ORDERED, PreferenceKind.UNFIT})
+"""Preferences logged at warning: no pod's devices, a guess, or a pod whose assignment does
+not fit."""
 
 
 class DevicePluginService:
@@ -159,8 +164,9 @@ class DevicePluginService:
                 )
 
             # kubelet's pods now (the one being admitted among them), read once: it admits one
-            # pod at a time, so the list does not change while this request waits
-            listed = await self._listed() if self._listed is not None else None
+            # pod at a time, so the list does not change while this request waits. Not needed
+            # when must_include names the pod.
+            listed = await self._listed() if self._listed is not None and not must else None
 
             def compute(
                 available: list[str] = available,
@@ -176,19 +182,20 @@ class DevicePluginService:
                 return p.kind is not PreferenceKind.NONE and (listed is None or p.pod in listed)
 
             pref = await self._until(settled, compute)
-            self._metrics.preferred.labels(node=self.node, match=pref.kind.value).inc()
-            level = (
-                logging.WARNING
-                if pref.kind in (PreferenceKind.NONE, PreferenceKind.ORDERED)
-                else logging.INFO
-            )
+            # the match wait ran out with a pod kubelet does not list: answered as before
+            # (that pod's devices), but it is likely not the one being admitted
+            unlisted = not settled(pref) and pref.kind is not PreferenceKind.NONE
+            match = UNLISTED if unlisted else pref.kind.value
+            self._metrics.preferred.labels(node=self.node, match=match).inc()
+            doubtful = unlisted or pref.kind in _DOUBTFUL
+            level = logging.WARNING if doubtful else logging.INFO
             log.log(
                 level,
                 "GetPreferredAllocation",
                 extra=ctx(
                     node=self.node,
                     pod=pref.pod,
-                    match=pref.kind.value,
+                    match=match,
                     gpu=list(pref.devices),
                     size=size,
                     available=len(available),

@@ -141,6 +141,21 @@ def test_kubelets_list_singles_out_the_pod_being_admitted() -> None:
     assert (p.pod, p.kind) == ("only", PreferenceKind.ADMITTING)
 
 
+def test_a_listed_pod_of_the_book_that_does_not_fit_gets_devices_no_pending_pod_holds() -> None:
+    """kubelet admits "held" (its GPUs 0, 1 not available yet: a terminating pod holds them);
+    "waiting", not listed, fits the request but is not being admitted: its GPUs stay its own."""
+    pods = [pod("held", 0, 1, seq=1), pod("waiting", 2, 3, seq=2)]
+    available = IDS[2:]
+    p = prefer(pods, available, [], 2, listed={"held": frozenset()})
+    assert (p.pod, p.kind, p.devices) == ("held", PreferenceKind.UNFIT, (IDS[4], IDS[5]))
+    # no spare devices: the claimed ones, still a valid answer for kubelet
+    p = prefer(pods, IDS[2:4], [], 2, listed={"held": frozenset()})
+    assert (p.kind, set(p.devices)) == (PreferenceKind.UNFIT, {IDS[2], IDS[3]})
+    # an unknown pod being admitted (the watch trails): the book's fit, for the server to wait on
+    p = prefer(pods, available, [], 2, listed={"unknown": frozenset()})
+    assert (p.pod, p.kind) == ("waiting", PreferenceKind.UNIQUE)
+
+
 def test_exchange_gives_the_pending_pod_the_devices_the_admitted_one_left() -> None:
     pods = [pod("x", 0, 1, seq=1), pod("y", 2, 3, seq=2), pod("z", 4, seq=3, allocated=(4,))]
     writes = exchange("x", [IDS[2], IDS[3]], pods, allocated={"x": frozenset({IDS[2], IDS[3]})})

@@ -294,6 +294,16 @@ async def test_a_pod_kubelet_admits_before_the_pod_watch_shows_it_still_gets_its
         assert await node.plugin.reconciler.reconcile() == []
 
 
+async def test_a_pod_the_watch_never_shows_gets_the_fitting_pods_gpus_after_the_match_wait() -> None:
+    """kubelet admits x, which the pod watch never shows (placed without the extender): after
+    the match wait the answer is the one fitting pod's GPUs, as before, counted as unlisted."""
+    async with running_node(gpus=4, device_plugin_match_wait_seconds=0.05) as node:
+        await node.bind("a", [0, 1])
+        assert await node.admit("x", 2) == node.ids(0, 1)
+        assert sample(node, "flexlease_deviceplugin_preferred_total", match="unlisted") == 1.0
+        assert sample(node, "flexlease_deviceplugin_preferred_total", match="unique") == 0.0
+
+
 async def test_kubelet_admitting_another_pod_than_guessed_exchanges_the_assignments() -> None:
     async with running_node(gpus=4, device_plugin_match_wait_seconds=0.05) as node:
         await node.bind("x", [0, 1])
