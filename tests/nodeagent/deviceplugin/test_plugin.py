@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import grpc
 import pytest
@@ -302,6 +303,19 @@ async def test_a_pod_the_watch_never_shows_gets_the_fitting_pods_gpus_after_the_
         assert await node.admit("x", 2) == node.ids(0, 1)
         assert sample(node, "flexlease_deviceplugin_preferred_total", match="unlisted") == 1.0
         assert sample(node, "flexlease_deviceplugin_preferred_total", match="unique") == 0.0
+
+
+async def test_a_failing_pod_resources_list_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
+    """List is asked on every preferred allocation: while it keeps failing, one warning."""
+    async with running_node(gpus=2) as node:
+        reconciler = node.plugin.reconciler
+        assert reconciler is not None
+        node.ctx.settings.agent.pod_resources_socket.unlink()  # kubelet's socket gone
+        with caplog.at_level(logging.DEBUG, logger="nodeagent.deviceplugin.reconcile"):
+            assert await reconciler.listed() is None
+            assert await reconciler.listed() is None
+        failed = [r.levelno for r in caplog.records if r.getMessage() == "PodResources List failed"]
+        assert failed == [logging.WARNING, logging.DEBUG]
 
 
 async def test_kubelet_admitting_another_pod_than_guessed_exchanges_the_assignments() -> None:
