@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -96,6 +97,8 @@ def main() -> None:
         if args.keep is None:
             shutil.rmtree(out, ignore_errors=True)
     cycles = args.long - args.short
+    # the interpreter moves the counts (pyenv's shared build: 12 % more than Debian's python3.11)
+    print(f"interpreter: {sys.executable} (CPython {platform.python_version()})")
     print(f"per cycle, (count at {args.long} cycles - count at {args.short}) / {cycles}:")
     for name, (a, b) in (
         ("server (extender)", (short[1], long[1])),
