@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 
@@ -90,6 +91,25 @@ def _in_order(ids: Iterable[str], order: Sequence[str]) -> list[str]:
     return [u for u in order if u in wanted]
 
 
+def _under_admission(pod: PendingPod, listed: Mapping[str, frozenset[str]]) -> bool:
+    """Whether kubelet's ``List`` shows ``pod`` without all of its assigned devices (the pod
+    it is admitting, or one admitted container by container)."""
+    held = listed.get(pod.key)
+    return held is not None and held < frozenset(pod.uuids)
+
+
+def _unassigned_first(
+    available: Sequence[str], must_include: Sequence[str], size: int, claimed: AbstractSet[str] = frozenset()
+) -> tuple[str, ...]:
+    """``size`` devices for a request no fitting pod's assignment answers: ``must_include``,
+    then the available devices outside ``claimed`` (pending pods' assignments), then those in
+    it, each in kubelet's order (with nothing claimed: kubelet's own choice)."""
+    must = set(must_include)
+    rest = [u for u in available if u not in must]
+    ordered = [u for u in rest if u not in claimed] + [u for u in rest if u in claimed]
+    return tuple((list(must_include) + ordered)[:size])
+
+
 def prefer(
     pods: Iterable[PendingPod],
     available: Sequence[str],
@@ -129,22 +149,19 @@ def prefer(
         _, _, pod, chosen = fits[0]
         return Preference(chosen, pod.key, PreferenceKind.PINNED)
     if listed is not None and not any(f[2].key in listed for f in fits):
-        admitted = [p for p in pods if p.key in listed and listed[p.key] < frozenset(p.uuids)]
+        admitted = [p for p in pods if _under_admission(p, listed)]
         if admitted:  # known, and no fit: waiting for the pod watch changes nothing
             claimed = {u for p in pods for u in p.remaining}
-            spare = [u for u in available if u not in must and u not in claimed]
-            others = [u for u in available if u not in must and u in claimed]
-            devices = (list(must_include) + spare + others)[:size]
-            return Preference(tuple(devices), admitted[0].key, PreferenceKind.UNFIT)
+            devices = _unassigned_first(available, must_include, size, claimed)
+            return Preference(devices, admitted[0].key, PreferenceKind.UNFIT)
     if not fits:
-        fallback = list(must_include) + [u for u in available if u not in must]
-        return Preference(tuple(fallback[:size]), None, PreferenceKind.NONE)
+        return Preference(_unassigned_first(available, must_include, size), None, PreferenceKind.NONE)
     if listed is not None:
         # kubelet admits only pods in its pod manager, which List shows: a fitting pod it does
         # not list is not the one being admitted (unless it lists none of them)
         shown = [f for f in fits if f[2].key in listed]
         fits = shown or fits
-        admitting = [f for f in shown if listed[f[2].key] < frozenset(f[2].uuids)]
+        admitting = [f for f in shown if _under_admission(f[2], listed)]
         if len(admitting) == 1:
             _, _, pod, chosen = admitting[0]
             return Preference(chosen, pod.key, PreferenceKind.ADMITTING)
