@@ -64,6 +64,7 @@ from flexlease.api import keys
 from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StoreSettings
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
+from hack import interpreter
 
 MODELS = ("NVIDIA H20", "NVIDIA H20", "NVIDIA H20", "NVIDIA H20", "NVIDIA A100-SXM4-80GB")
 OWNERS = tuple(f"online/job-{i}" for i in range(20))
@@ -738,23 +739,6 @@ def run_once(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], 
     return hello, result, server
 
 
-def interpreter() -> str:
-    """Which CPython runs the bench (the server is forked from it): its executable, version,
-    and whether libpython is a shared library or linked into the executable. The two builds
-    on the project's VM differ by 7–8 % in the handlers' CPU (12 % in instructions, 23 %
-    on a pure-Python loop): pyenv's default build (``--enable-shared``, no
-    ``--enable-optimizations``) and Debian's ``python3.11``, the interpreter of the images
-    (``hack/build-images.sh``), which Debian links statically and builds with profile-guided
-    optimization (README, "Extender speed, tenth round")."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        linked = "libpython: unknown"
-    else:
-        linked = "shared libpython" if "libpython" in maps else "libpython linked in"
-    return f"{sys.executable} (CPython {platform.python_version()}, {linked})"
-
-
 def _ms(values: list[float], q: float) -> str:
     return f"{percentile(values, q) * 1000:.2f}"
 
@@ -772,7 +756,7 @@ def report(
     t, rec = result["times"], server["recorded"]
     cpu = platform.processor() or platform.platform()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu}), python {platform.python_version()}")
-    print(f"interpreter: {interpreter()}")
+    print(f"interpreter: {interpreter.describe()}")
     print(f"server on CPU {args.server_cpu}, client on CPU {args.client_cpu}; load average {os.getloadavg()}")
     print(
         f"cluster: {args.nodes} nodes x 8 GPUs, {args.pods} running pods, loaded in {hello['load_s']:.1f} s"

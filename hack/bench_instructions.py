@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
+
+from hack import interpreter
 
 BENCH = Path(__file__).resolve().parent / "bench_extender.py"
 EVENTS = ("Ir", "D1mr", "D1mw", "I1mr", "DLmr", "ILmr")
@@ -98,7 +101,7 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
     cycles = args.long - args.short
     # the interpreter moves the counts (pyenv's shared build: 12 % more than Debian's python3.11)
-    print(f"interpreter: {sys.executable} (CPython {platform.python_version()})")
+    print(f"interpreter: {interpreter.describe()}")
     print(f"per cycle, (count at {args.long} cycles - count at {args.short}) / {cycles}:")
     for name, (a, b) in (
         ("server (extender)", (short[1], long[1])),
