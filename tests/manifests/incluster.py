@@ -45,7 +45,7 @@ import aiohttp
 from flexlease.api.resources import Availability, GPUNodeSpec, Pool
 from flexlease.api.tiers import Tier
 from flexlease.sim import objects
-from tests.store.fake_apiserver import FakeApiServer, Recorded
+from standins.apiserver import FakeApiServer, Recorded
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "flexlease-extender-sa-token"

@@ -1,5 +1,5 @@
 """Objects shaped as a real cluster holds them, for seeding :class:`FakeApiServer` with
-:meth:`~tests.store.fake_apiserver.FakeApiServer.put`.
+:meth:`~standins.apiserver.FakeApiServer.put`.
 
 ``replicaset_pod`` is a Pod created by a Deployment's ReplicaSet, scheduled and running:
 the fields kube-apiserver defaulting, the ServiceAccount admission plugin, kube-scheduler

@@ -9,7 +9,7 @@ version and try again", ``staging/src/k8s.io/apiserver/pkg/registry/generic/regi
 a client whose connection drops after the server committed sees an error although the write
 took effect (client-go documents retries as possibly repeating a committed write, hence
 ``RetryOnConflict`` re-reads); custom resources are pruned and validated against the CRD's
-structural schema on every write (:mod:`tests.store.crd_schema`).
+structural schema on every write (:mod:`standins.crd_schema`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from flexlease.errors import Conflict, StoreError
 from flexlease.store.base import EVERYTHING, JsonObj, Kind, ObjectList, Selector, Store, WatchEvent
-from tests.store.crd_schema import SchemaError, is_custom_kind, prune_and_validate
+from standins.crd_schema import SchemaError, is_custom_kind, prune_and_validate
 
 VERBS = ("get", "list", "create", "patch", "delete", "bind", "evict")
 

@@ -13,8 +13,8 @@ from flexlease.errors import StoreError
 from flexlease.store.base import Kind
 from flexlease.store.kube import Backoff, KubeStore
 from flexlease.store.memory import MemoryStore
-from tests.store.crd_schema import SchemaError, prune, prune_and_validate
-from tests.store.fake_apiserver import FakeApiServer
+from standins.apiserver import FakeApiServer
+from standins.crd_schema import SchemaError, prune, prune_and_validate
 from tests.store.faults import FaultyStore
 
 SETTINGS = StoreSettings(kind="kube", request_timeout_seconds=5.0, watch_timeout_seconds=30.0)

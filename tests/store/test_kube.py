@@ -5,9 +5,11 @@ the client-side pod filter and timeouts."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
 
 import aiohttp
 import pytest
@@ -20,6 +22,7 @@ from flexlease.store.informer import Backoff as InformerBackoff
 from flexlease.store.informer import Informer, object_key
 from flexlease.store.kube import Backoff, KubeStore
 from flexlease.store.kube_filter import ManagedPods
+from standins.apiserver import FakeApiServer, Recorded
 from tests.extender import payloads
 from tests.store.contract import (
     NS,
@@ -33,7 +36,6 @@ from tests.store.contract import (
     summary,
     watching,
 )
-from tests.store.fake_apiserver import FakeApiServer, Recorded
 from tests.store.fake_apiserver_payloads import gpunode, replicaset_pod
 
 SETTINGS = StoreSettings(kind="kube", request_timeout_seconds=5.0, watch_timeout_seconds=30.0)
@@ -600,3 +602,37 @@ async def test_a_binding_carries_resource_version_and_uid_preconditions(api: Fak
             path, json=binding(resourceVersion=created["metadata"]["resourceVersion"])
         ) as resp:
             assert resp.status == 201
+
+
+_T = TypeVar("_T")
+
+
+class _CountingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor, counting what is handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=2)
+        self.submitted: list[str] = []
+
+    def submit(
+        self, fn: Callable[..., _T], /, *args: object, **kwargs: object
+    ) -> concurrent.futures.Future[_T]:
+        self.submitted.append(getattr(fn, "__qualname__", repr(fn)))
+        return super().submit(fn, *args, **kwargs)
+
+
+async def test_requests_stay_on_the_event_loop(api: FakeApiServer) -> None:
+    """No API call hands work to a thread: kubernetes_asyncio's session (``trust_env=True``)
+    would look up ``~/.netrc`` and the proxy variables in the loop's executor on every
+    request (two hand-offs each); the store reads the environment once, when built."""
+    loop = asyncio.get_running_loop()
+    executor = _CountingExecutor()
+    loop.set_default_executor(executor)
+    async with kube_store(api) as store:
+        await store.create(Kind.POD, make_pod("p1"))
+        for _ in range(5):
+            await store.get(Kind.POD, "p1", namespace=NS)
+        await store.patch(Kind.POD, "p1", {"metadata": {"labels": {"a": "b"}}}, namespace=NS)
+        await store.list(Kind.POD, namespace=NS)
+        await store.bind(NS, "p1", uid=None, node="gpu-1")
+    assert executor.submitted == []

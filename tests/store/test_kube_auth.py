@@ -1,10 +1,13 @@
 """How KubeStore finds the API server: kubeconfig (token, TLS with a client certificate),
-in-cluster service account, and clear errors when neither is usable. Certificates are made
+in-cluster service account, the proxy environment (read once), and clear errors when
+neither is usable. Certificates are made
 with openssl for each test module; the stand-in API server checks them for real."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Mapping
@@ -20,7 +23,7 @@ from flexlease.errors import StoreError
 from flexlease.store.base import Kind
 from flexlease.store.kube import KubeStore
 from flexlease.store.kube_auth import load_configuration
-from tests.store.fake_apiserver import FakeApiServer
+from standins.apiserver import FakeApiServer
 
 
 @dataclass(frozen=True)
@@ -187,3 +190,101 @@ async def test_no_usable_configuration_is_a_clear_error(tmp_path: Path) -> None:
     env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "6443"}
     with pytest.raises(StoreError, match="in-cluster"):
         await load_configuration(None, environ=env, service_account_dir=tmp_path / "absent")
+
+
+@contextlib.asynccontextmanager
+async def tunnelling_proxy() -> AsyncIterator[tuple[str, list[str]]]:
+    """An HTTP forward proxy on 127.0.0.1 that tunnels ``CONNECT host:port`` requests (RFC 9110
+    §9.3.6: ``200`` then bytes both ways, as for any HTTPS target) and answers anything else
+    ``405``. Records each request line with its ``Proxy-Authorization`` (``-`` when none)."""
+    seen: list[str] = []
+
+    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        try:
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+        finally:
+            sink.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        method, target, _ = head[0].split(" ", 2)
+        fields = dict(line.split(":", 1) for line in head[1:] if line)
+        auth = {k.strip().lower(): v.strip() for k, v in fields.items()}.get("proxy-authorization", "-")
+        seen.append(f"{method} {target} {auth}")
+        if method != "CONNECT":
+            writer.write(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+            writer.close()
+            return
+        host, port = target.rsplit(":", 1)
+        upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await asyncio.gather(
+            pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True
+        )
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.close()
+
+
+def clear_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+async def in_cluster_store(api: FakeApiServer, pki: Pki, tmp_path: Path) -> KubeStore:
+    """A store configured as in a pod, for ``api`` over TLS with a service-account token."""
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir(exist_ok=True)
+    (sa / "token").write_text("sa-token")
+    (sa / "ca.crt").write_bytes(pki.ca.read_bytes())
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": api.url.rsplit(":", 1)[1]}
+    configuration = await load_configuration(None, environ=env, service_account_dir=sa)
+    return KubeStore(ApiClient(configuration), StoreSettings(kind="kube"))
+
+
+async def test_https_proxy_from_the_environment_is_read_once(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HTTPS_PROXY`` with credentials, set when the store is built, tunnels its requests
+    (one ``CONNECT`` with ``Proxy-Authorization`` for the pooled connection), also after the
+    variable is gone: read once per store, as client-go reads it once per process, not on
+    every request."""
+    clear_proxy_environment(monkeypatch)
+    async with (
+        FakeApiServer(token="sa-token", ssl_context=server_tls(pki, client_certs=False)) as api,
+        tunnelling_proxy() as (proxy, seen),
+    ):
+        monkeypatch.setenv("HTTPS_PROXY", proxy.replace("http://", "http://ops:s3cret@"))
+        store = await in_cluster_store(api, pki, tmp_path)
+        monkeypatch.delenv("HTTPS_PROXY")
+        try:
+            assert (await store.list(Kind.POD)).items == []
+            assert (await store.list(Kind.POD)).items == []
+        finally:
+            await store.close()
+    basic = "Basic " + base64.b64encode(b"ops:s3cret").decode()
+    assert seen == [f"CONNECT {api.url.removeprefix('https://')} {basic}"]
+    assert [r.headers["Authorization"] for r in api.requests] == ["Bearer sa-token"] * 2
+
+
+async def test_no_proxy_naming_the_api_server_goes_direct(
+    tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_proxy_environment(monkeypatch)
+    async with (
+        FakeApiServer(token="sa-token", ssl_context=server_tls(pki, client_certs=False)) as api,
+        tunnelling_proxy() as (proxy, seen),
+    ):
+        monkeypatch.setenv("HTTPS_PROXY", proxy)
+        monkeypatch.setenv("NO_PROXY", "10.0.0.0/8,127.0.0.1")
+        assert await list_pods(await in_cluster_store(api, pki, tmp_path)) == 0
+        monkeypatch.delenv("NO_PROXY")
+        assert await list_pods(await in_cluster_store(api, pki, tmp_path)) == 0  # now through it
+    assert seen == [f"CONNECT {api.url.removeprefix('https://')} -"]

@@ -14,7 +14,7 @@ from flexlease.errors import Conflict, NotFound, StoreError
 from flexlease.store.base import JsonObj, Kind, Selector, Store
 from flexlease.store.kube_util import EventRecorder, RetryPolicy, retry_on_conflict, update_with_retry
 from tests.store.contract import NS, make_gpunode, make_pod
-from tests.store.fake_apiserver import STORE_KINDS, any_store
+from tests.store.stores import STORE_KINDS, any_store
 
 NO_WAIT = RetryPolicy(steps=50, delay=0.0, jitter=0.0)
 

@@ -16,8 +16,8 @@ from flexlease.config import LeaseSettings
 from flexlease.errors import StoreError
 from flexlease.store.base import JsonObj, Kind, Store
 from flexlease.store.leader import ElectionConfig, LeaderElector
-from tests.store.fake_apiserver import STORE_KINDS, any_store
 from tests.store.faults import FaultyStore
+from tests.store.stores import STORE_KINDS, any_store
 
 NS = "flexlease-system"
 

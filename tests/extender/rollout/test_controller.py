@@ -1,5 +1,5 @@
 """The rollout controller against a MemoryStore and a KubeStore on the Kubernetes API
-stand-in (``tests/store/fake_apiserver.py``), with a simulated node agent answering
+stand-in (``standins/apiserver.py``), with a simulated node agent answering
 ``hot-restart-status``: a 4-pod StatefulSet image edit rolled one pod at a time, ``all`` at
 once, a failure stopping the rollout, a superseding edit, a pod vanishing mid-rollout, workloads
 left to Kubernetes, and a completed reclaim restarting the job's pods in profile order."""
@@ -23,7 +23,7 @@ from flexlease.clock import ManualClock
 from flexlease.config import Settings
 from flexlease.store.base import Kind, Store
 from tests.extender.rollout.agent import SimAgent
-from tests.store.fake_apiserver import any_store
+from tests.store.stores import any_store
 
 NS = "online"
 IN_PLACE = {keys.LABEL_RESTART_POLICY: keys.RESTART_POLICY_IN_PLACE}

@@ -21,6 +21,7 @@ from flexlease.clock import ManualClock
 from flexlease.config import StoreSettings
 from flexlease.store.base import Kind, Store
 from flexlease.store.kube import Backoff, KubeStore
+from standins.apiserver import FakeApiServer
 from tests.extender.rollout.agent import SimAgent
 from tests.extender.rollout.test_controller import (
     IN_PLACE,
@@ -38,7 +39,7 @@ from tests.extender.rollout.test_controller import (
     statefulset,
 )
 from tests.store import operator_payloads as ops
-from tests.store.fake_apiserver import FakeApiServer, any_store
+from tests.store.stores import any_store
 
 
 @pytest.fixture(params=["memory", "kube"])

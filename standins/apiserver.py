@@ -3,9 +3,10 @@
 What it serves (the subset flexlease uses, with the API server's own semantics):
 
 * Kinds: Pods, Events (core/v1), Leases (coordination.k8s.io/v1), PodDisruptionBudgets
-  (policy/v1), StatefulSets (apps/v1), GPUNodes (cluster-scoped) and GPULeases (flexlease.io/v1alpha1 CRDs with the
-  status subresource), and other operators' custom resources with the status subresource:
-  PyTorchJobs and MPIJobs (kubeflow.org/v1), RayClusters (ray.io/v1). URL layout as kube-apiserver's (``/api/v1/namespaces/{ns}/pods``,
+  (policy/v1), StatefulSets (apps/v1), GPUNodes (cluster-scoped) and GPULeases
+  (flexlease.io/v1alpha1 CRDs with the status subresource), and other operators' custom
+  resources with the status subresource: PyTorchJobs and MPIJobs (kubeflow.org/v1),
+  RayClusters (ray.io/v1). URL layout as kube-apiserver's (``/api/v1/namespaces/{ns}/pods``,
   ``/apis/flexlease.io/v1alpha1/gpunodes/{name}/status``).
 * ``GET`` list: ``{"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion",
   "continue", "remainingItemCount"}, "items": [...]}``; built-in kinds' items carry no
@@ -41,13 +42,12 @@ history: resumes get 410), :meth:`drop_watches` (cut every watch connection),
 :meth:`restart` (the server goes away and comes back on the same port), ``unserved`` (custom
 resources whose CRD is not installed: 404), :meth:`fail` and
 :meth:`stall` (inject answers and delays), ``latency`` (a delay on every request),
-``requests`` (what came in). :func:`any_store` opens a memory, sqlite or kube store for
-tests that must hold on every store.
+``requests`` (what came in).
 
 * Custom resources (GPUNode, GPULease) are pruned to their CRD's structural schema from
   ``manifests/base/crds/`` (unknown fields dropped, recorded in ``pruned``) and validated against
   it on every create, patch and :meth:`FakeApiServer.put`: 422 Invalid with per-field
-  causes, as kube-apiserver answers (see :mod:`tests.store.crd_schema` for the sources).
+  causes, as kube-apiserver answers (see :mod:`standins.crd_schema` for the sources).
 
 Not modelled: namespaces as objects (every namespace exists), admission webhooks, finalizers,
 strategic merge and JSON patches (415), server-side apply, ``format`` and CEL checks in CRD
@@ -67,21 +67,14 @@ import random
 import ssl
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from flexlease.config import StoreSettings
-from flexlease.store.base import Store
-from flexlease.store.kube import Backoff, KubeStore
-from flexlease.store.memory import MemoryStore
-from flexlease.store.sqlite import SqliteStore
-from tests.store.crd_schema import SchemaError, is_custom_kind, prune_and_validate
-from tests.store.fake_apiserver_rules import (
+from standins.apiserver_rules import (
     API_RESOURCES,
     ApiError,
     ApiResource,
@@ -102,6 +95,7 @@ from tests.store.fake_apiserver_rules import (
     validate_meta,
     validate_pod,
 )
+from standins.crd_schema import SchemaError, is_custom_kind, prune_and_validate
 
 _BY_PATH = {(r.group, r.version, r.plural): r for r in API_RESOURCES}
 _BY_KIND = {r.kind: r for r in API_RESOURCES}
@@ -491,7 +485,7 @@ class FakeApiServer:
             if self.latency and request.query.get("watch") not in ("1", "true"):
                 await asyncio.sleep(self.latency)
             res, ns, name, sub = self._route(request.path)
-            return await self._serve(request, res, ns, name, sub, body)
+            return await self._serve(request, res, ns=ns, name=name, sub=sub, body=body)
         except ApiError as err:
             headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
             return web.json_response(err.status(), status=err.code, headers=headers)
@@ -546,7 +540,7 @@ class FakeApiServer:
         return res, ns, name, sub
 
     async def _serve(
-        self, request: web.Request, res: ApiResource, ns: str, name: str, sub: str, body: bytes
+        self, request: web.Request, res: ApiResource, *, ns: str, name: str, sub: str, body: bytes
     ) -> web.StreamResponse:
         method = request.method
         q = request.query
@@ -569,9 +563,11 @@ class FakeApiServer:
                         "UnsupportedMediaType",
                         f"the body of the request was in an unknown format - accepted media types include: "
                         f"application/json-patch+json, application/merge-patch+json, "
-                        f"application/apply-patch+yaml (got {ctype!r}; this stand-in serves merge patches only)",
+                        f"application/apply-patch+yaml "
+                        f"(got {ctype!r}; this stand-in serves merge patches only)",
                     )
-                return web.json_response(self._patch(res, ns, name, sub, _json(body), manager))
+                patched = self._patch(res, ns, name, sub=sub, patch=_json(body), manager=manager)
+                return web.json_response(patched)
             if method == "DELETE" and not sub:
                 return web.json_response(self._delete(res, ns, name, body, q))
         elif sub == "binding" and method == "POST":
@@ -743,7 +739,7 @@ class FakeApiServer:
         self._after_write(res, ns)
         return _typed(res, self._current(res, ns, meta["name"]))
 
-    def _patch(self, res: ApiResource, ns: str, name: str, sub: str, patch: Any, manager: str) -> JsonObj:
+    def _patch(self, res: ApiResource, ns: str, name: str, *, sub: str, patch: Any, manager: str) -> JsonObj:
         if not isinstance(patch, dict):
             raise ApiError(400, "BadRequest", "a merge patch must be a JSON object here")
         old = self._current(res, ns, name)
@@ -820,7 +816,7 @@ class FakeApiServer:
 
     def _admit(self, res: ApiResource, obj: JsonObj) -> JsonObj:
         """A custom resource pruned to its CRD's structural schema and validated against it
-        (see :mod:`tests.store.crd_schema`); other kinds as they are. Pruned field paths go
+        (see :mod:`standins.crd_schema`); other kinds as they are. Pruned field paths go
         to ``pruned``. Raises ``ApiError`` 422 Invalid with one cause per invalid field."""
         if not is_custom_kind(res.kind):
             return obj
@@ -895,7 +891,8 @@ class FakeApiServer:
             raise self._conflict(
                 res,
                 name,
-                f"Precondition failed: UID in precondition: {uid}, UID in object meta: {pod['metadata']['uid']}",
+                f"Precondition failed: UID in precondition: {uid}, "
+                f"UID in object meta: {pod['metadata']['uid']}",
             )
         version = bmeta.get("resourceVersion")
         if version and version != pod["metadata"]["resourceVersion"]:
@@ -972,7 +969,8 @@ class FakeApiServer:
                 raise ApiError(
                     500,
                     "InternalError",
-                    "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+                    "This pod has more than one PodDisruptionBudget, "
+                    "which the eviction subresource does not support.",
                 )
             if pdbs:
                 pdb = pdbs[0]
@@ -1156,32 +1154,3 @@ def _event_for(change: Change, matches: Callable[[JsonObj | None], bool]) -> tup
 
 async def _send(resp: web.StreamResponse, etype: str, obj: JsonObj) -> None:
     await resp.write(json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n")
-
-
-@contextlib.asynccontextmanager
-async def any_store(kind: str, tmp_path: Path) -> AsyncIterator[Store]:
-    """A store of ``kind`` for tests written against the Store Protocol: ``memory``,
-    ``sqlite`` (a file under ``tmp_path``) or ``kube`` (KubeStore on a FakeApiServer)."""
-    if kind == "memory":
-        memory = MemoryStore(bookmark_seconds=0.05)
-        try:
-            yield memory
-        finally:
-            await memory.close()
-    elif kind == "sqlite":
-        sqlite = SqliteStore(tmp_path / "state.db", poll_seconds=0.01, bookmark_seconds=0.05)
-        try:
-            yield sqlite
-        finally:
-            await sqlite.close()
-    else:
-        async with FakeApiServer(bookmark_interval=0.05) as api:
-            settings = StoreSettings(kind="kube", request_timeout_seconds=5.0, watch_timeout_seconds=30.0)
-            kube = KubeStore.for_host(api.url, settings, reconnect=Backoff(initial=0.02, maximum=0.2))
-            try:
-                yield kube
-            finally:
-                await kube.close()
-
-
-STORE_KINDS = ("memory", "sqlite", "kube")

@@ -1,4 +1,4 @@
-"""The API server's object rules that the stand-in in :mod:`tests.store.fake_apiserver` applies.
+"""The API server's object rules that the stand-in in :mod:`standins.apiserver` applies.
 
 Each function mirrors one piece of kube-apiserver or a controller, named in its docstring:
 resource table, label/field selectors (k8s.io/apimachinery ``labels``/``fields``), JSON merge

@@ -34,7 +34,7 @@ import yaml
 
 JsonObj = dict[str, Any]
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crds"
+CRD_DIR = Path(__file__).resolve().parents[1] / "manifests" / "base" / "crds"
 _ROOT_KEPT = ("apiVersion", "kind", "metadata")
 
 
