@@ -21,6 +21,14 @@ sixth did. It prints p50
 and p99 per verb measured by the client and by the server (exact per-request times from a
 recording middleware wrapped around the app, and the Prometheus histogram's count), cycles
 per second, and the empty handler's latency for the same filter body, so our cost is a ratio.
+
+``--store kube``: the extender talks to the API server stand-in (:mod:`standins.apiserver`,
+real Kubernetes JSON over HTTP) in a third process pinned to ``--apiserver-cpu``, through
+``KubeStore`` (kubernetes_asyncio) as in a cluster: its lists, watches, pod reads and
+Bindings cost the extender what its API client costs, which the in-process ``MemoryStore``
+hides. The cluster is loaded through the same client (slower). Handler CPU then includes the
+client's work, and whatever the loop ran while a handler waited for the API server (watch
+events, other requests): the whole-process CPU per cycle is the figure to compare.
 """
 
 from __future__ import annotations
@@ -62,7 +70,8 @@ from extender.lease import controller as lease_controller
 from extender.metrics import REQUEST_SECONDS
 from flexlease.api import keys
 from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StoreSettings
-from flexlease.store.base import JsonObj, Kind
+from flexlease.store.base import JsonObj, Kind, Store
+from flexlease.store.kube import KubeStore
 from flexlease.store.memory import MemoryStore
 from hack import interpreter
 
@@ -197,7 +206,7 @@ def pod(
 
 
 async def load_cluster(
-    store: MemoryStore, *, nodes: int, running: int, pending: int, seed: int
+    store: Store, *, nodes: int, running: int, pending: int, seed: int
 ) -> tuple[list[JsonObj], dict[str, int]]:
     """Create the cluster in ``store``; return the pending pods as stored (with uids) and
     each node's free ``nvidia.com/gpu`` as kube-scheduler counts it (healthy devices, the
@@ -382,14 +391,19 @@ def server_main(conn: Connection, args: argparse.Namespace) -> None:
 async def _server(
     conn: Connection, args: argparse.Namespace, *, profile: cProfile.Profile | None = None
 ) -> None:
-    store = MemoryStore(history_revisions=1_000_000)
+    store: MemoryStore | KubeStore
+    if args.store == "kube":
+        api_settings = StoreSettings(kind="kube", request_timeout_seconds=30.0, watch_timeout_seconds=300.0)
+        store = KubeStore.for_host(args.apiserver_url, api_settings)
+    else:
+        store = MemoryStore(history_revisions=1_000_000)
     t0 = time.perf_counter()
     pending, free = await load_cluster(
         store, nodes=args.nodes, running=args.pods, pending=args.cycles + args.warmup, seed=args.seed
     )
     load_s = time.perf_counter() - t0
     settings = Settings(
-        store=StoreSettings(kind="memory"),
+        store=StoreSettings(kind=args.store),
         extender=ExtenderSettings(port=0, reservation_ttl_seconds=300),
         lease=LeaseSettings(cluster_min_interval_seconds=args.cluster_interval),
     )
@@ -408,6 +422,8 @@ async def _server(
     in_store: dict[str, list[float]] = {v: [] for v in VERBS}  # … of which the store's calls
     store_cpu: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("store_cpu", default=None)
     for method in ("get", "list", "create", "patch", "bind", "delete", "evict"):
+        if isinstance(store, KubeStore):
+            break  # its calls wait for the API server: the time between call and return is not theirs
         # MemoryStore's methods never suspend: the CPU between call and return is theirs
         setattr(store, method, _timed(getattr(store, method), store_cpu))
     serving_cpu = [0.0, 0.0]  # process CPU seconds when the cycles start and when they end
@@ -464,7 +480,7 @@ async def _server(
     inv = app[extserver.INVENTORY]
     # ready, and every watch (the extender's, the lease controller's) applied the last write of
     # its kind (polling: nothing to wait on)
-    while not inv.ready or not store.idle:  # noqa: ASYNC110
+    while not inv.ready or not _applied(store, inv.summary(), args):  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     while not args.no_gc_policy and not gc.get_freeze_count():  # noqa: ASYNC110
         await asyncio.sleep(0.05)  # the extender's policy froze the listed inventory
@@ -517,6 +533,32 @@ async def _server(
     for runner in runners:
         await runner.cleanup()
     await store.close()
+
+
+def _applied(store: MemoryStore | KubeStore, summary: dict[str, int], args: argparse.Namespace) -> bool:
+    """Whether the watches have applied the loaded cluster: the store's own account for the
+    in-process store; for the API server, the extender's inventory holding every node and
+    running pod (the lease controller's mirrors, with ``--lease-controller``, are not waited for)."""
+    if isinstance(store, MemoryStore):
+        return store.idle
+    nodes, pods = int(args.nodes), int(args.pods)
+    return summary["nodes"] == nodes and summary["pods"] >= pods
+
+
+def apiserver_main(conn: Connection, cpu: int) -> None:
+    """The API server stand-in's process (``--store kube``): serve until told to stop."""
+    from standins.apiserver import FakeApiServer  # noqa: PLC0415 - only this process needs it
+
+    os.sched_setaffinity(0, {cpu})
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+    async def serve() -> None:
+        # bookmarks about once a minute, as kube-apiserver's watch cache sends them
+        async with FakeApiServer(bookmark_interval=60.0) as api:
+            conn.send(api.url)
+            await asyncio.to_thread(conn.recv)
+
+    uvloop.run(serve())
 
 
 # --------------------------------------------------------------------------- client
@@ -695,6 +737,16 @@ def main() -> None:
     )
     parser.add_argument("--profile", type=int, default=0, help="print the server's N costliest functions")
     parser.add_argument(
+        "--store",
+        choices=("memory", "kube"),
+        default="memory",
+        help="the extender's store: in-process (MemoryStore, the default) or KubeStore over HTTP to "
+        "the API server stand-in in its own process (standins.apiserver)",
+    )
+    parser.add_argument(
+        "--apiserver-cpu", type=int, default=1, help="with --store kube: the API server stand-in's CPU"
+    )
+    parser.add_argument(
         "--candidates",
         choices=("scheduler", "all"),
         default="scheduler",
@@ -719,6 +771,14 @@ def main() -> None:
 def run_once(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """One server process and one client run: (server hello, client result, server figures)."""
     ctx = multiprocessing.get_context("fork")
+    apiserver = None
+    if args.store == "kube":
+        api_parent, api_child = ctx.Pipe()
+        apiserver = ctx.Process(
+            target=apiserver_main, args=(api_child, args.apiserver_cpu), name="extender-bench-apiserver"
+        )
+        apiserver.start()
+        args = argparse.Namespace(**{**vars(args), "apiserver_url": api_parent.recv()})
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=server_main, args=(child, args), name="extender-bench-server")
     proc.start()
@@ -733,6 +793,9 @@ def run_once(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], 
     parent.send("done")
     server = parent.recv()
     proc.join()
+    if apiserver is not None:
+        api_parent.send("stop")
+        apiserver.join()
     os.sched_setaffinity(0, affinity)
     if args.gc_freeze:
         gc.unfreeze()
@@ -833,13 +896,20 @@ def report(
         + f"); whole process {whole * 1000:.2f} ms "
         f"({1 / whole:.0f} cycles/s of one core: HTTP, watches, binds)"
     )
-    store_cycle = _per_cycle(result, server, "in_store")
-    own = cpu_cycle - store_cycle
-    print(
-        f"… of which the in-process store (the API server's stand-in: reads, merge patches, Bindings): "
-        f"{store_cycle * 1000:.2f} ms; the extender's own handler code: {own * 1000:.2f} ms "
-        f"({1 / own:.0f} cycles/s of one core)"
-    )
+    if args.store == "kube":
+        print(
+            f"store: KubeStore over HTTP to the API server stand-in (its own process, CPU "
+            f"{args.apiserver_cpu}); the handlers' CPU includes the API client's work and what the "
+            f"loop ran while they waited for the API server"
+        )
+    else:
+        store_cycle = _per_cycle(result, server, "in_store")
+        own = cpu_cycle - store_cycle
+        print(
+            f"… of which the in-process store (the API server's stand-in: reads, merge patches, "
+            f"Bindings): {store_cycle * 1000:.2f} ms; the extender's own handler code: "
+            f"{own * 1000:.2f} ms ({1 / own:.0f} cycles/s of one core)"
+        )
     print(f"filter p50 / HTTP floor p50: {percentile(t['filter'], 0.5) / floor_c:.2f}x")
     pauses = server["gc"]
     by_gen = [[p for g, p, _ in pauses if g == gen] for gen in range(3)]

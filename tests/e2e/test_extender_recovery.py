@@ -24,7 +24,6 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from tests.store.fake_apiserver_payloads import gpunode, replicaset_pod
 
 from flexlease.api import keys
 from flexlease.api.pod import Assignment, is_terminated, pod_gpu_count
@@ -33,6 +32,7 @@ from flexlease.store.base import JsonObj, Kind, Store
 from flexlease.store.kube import KubeStore
 from flexlease.store.sqlite import SqliteStore
 from standins.apiserver import FakeApiServer
+from tests.store.fake_apiserver_payloads import gpunode, replicaset_pod
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "team-a"
