@@ -4,7 +4,14 @@ Role: the extender's ``/bind`` verb (kube-scheduler calls it after the schedulin
 only one extender may bind). Follows kube-scheduler's assume → bind → forget:
 
 1. read the pod; an already bound pod with its ``assigned-gpus`` on that node is an
-   idempotent success;
+   idempotent success. The read is skipped when kube-scheduler's own copy of the pod is at
+   hand (:class:`ScheduledPods`: the pod it sent to filter and prioritize in this cycle, from
+   its informer): the bind decides on that copy, and its Binding carries the copy's
+   ``resourceVersion`` as a precondition, which the API server checks (409 unless the pod is
+   still that version; ``BindingREST`` in pkg/registry/core/pod/storage). A bind that does not
+   succeed on the copy — a conflict, or any failure but an admission refusal, which rests on
+   the pod's immutable ``spec.schedulerName`` and the node — is decided again on a fresh read,
+   so the copy only ever saves the read of a pod that binds: one API call per bind, not two;
 2. take an inventory snapshot, in which the pod's own claim counts as free for it
    (:func:`extender.scheduling.release_own`); keep the pod's existing ``assigned-gpus`` only
    if :func:`extender.scheduling.claim_problem` finds nothing wrong with it (never trusted:
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -41,7 +49,7 @@ from flexlease.api.pod import Assignment, GpuRequest, ParsedPods, Priority, pars
 from flexlease.clock import format_time
 from flexlease.errors import Conflict, FlexleaseError, RequestError, StoreError
 from flexlease.logging import ctx
-from flexlease.store.base import Kind, Store
+from flexlease.store.base import JsonObj, Kind, Store
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,57 @@ class BindOutcome:
     assignment: Assignment | None = None
     cause: str = "fits"
     """Bounded metrics label: ``fits`` on success, else why (``no_longer_fits``, ``store_error``...)."""
+
+
+class ScheduledPods:
+    """The pods kube-scheduler sent to ``/filter`` lately (its informer's copies, as decoded
+    from the request: not to be changed), by ``metadata.uid``, each with the caller that sent
+    it; ``size`` most recent kept. :meth:`take` gives the binder the one ``/bind`` names, once
+    (a bind spends the copy's version: a retry reads the pod), and only to the caller that
+    sent it: under mutual TLS another client (with another
+    certificate name) cannot make the binder decide on a pod it wrote (the API server checks
+    the copy's version, not its contents)."""
+
+    def __init__(self, *, size: int = 64) -> None:
+        if size < 1:
+            raise ValueError("size must be at least 1")
+        self._size = size
+        self._pods: OrderedDict[str, tuple[tuple[str, ...], JsonObj]] = OrderedDict()
+
+    def remember(self, pod: JsonObj, *, caller: tuple[str, ...] = ()) -> None:
+        """Keep ``pod`` (a decoded Pod object) under its uid, sent by ``caller`` (the names
+        of the client's certificate: :func:`extender.tls.client_names`; ``()`` without
+        mutual TLS). Pods without a uid are not kept."""
+        meta = pod.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        if not isinstance(uid, str) or not uid:
+            return
+        self._pods[uid] = (caller, pod)
+        self._pods.move_to_end(uid)
+        if len(self._pods) > self._size:
+            self._pods.popitem(last=False)
+
+    def take(
+        self, namespace: str, name: str, uid: str, *, caller: tuple[str, ...] = ()
+    ) -> tuple[JsonObj, str] | None:
+        """The pod ``caller`` sent under ``uid`` and its ``resourceVersion``, when it is
+        ``namespace/name`` (``metadata.namespace`` absent: ``default``) with a non-empty
+        version, and forget it; else None (``uid`` empty: no copy can be matched to the
+        pod). Another caller's copy stays."""
+        kept = self._pods.get(uid) if uid else None
+        if kept is None or kept[0] != caller:
+            return None
+        pod = kept[1]
+        meta = pod.get("metadata")
+        if not isinstance(meta, dict) or meta.get("name") != name:
+            return None
+        if (meta.get("namespace") or "default") != namespace:
+            return None
+        version = meta.get("resourceVersion")
+        if not isinstance(version, str) or not version:
+            return None
+        del self._pods[uid]
+        return pod, version
 
 
 @dataclass(slots=True)
@@ -78,12 +137,21 @@ class Binder:
         self._locks: dict[str, _PodLock] = {}
 
     async def bind(
-        self, namespace: str, name: str, *, uid: str, node: str, check: BindCheck | None = None
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        node: str,
+        check: BindCheck | None = None,
+        scheduled: tuple[JsonObj, str] | None = None,
     ) -> BindOutcome:
         """Bind pod ``namespace/name`` (``uid`` as the scheduler saw it; empty = unchecked) to
         ``node``. ``check`` (:mod:`extender.admission`) may refuse the pod as read from the
-        store (outcome ``refused``). Never raises for a failed bind: the error text goes back
-        to the scheduler."""
+        store (outcome ``refused``). ``scheduled``: kube-scheduler's copy of this pod and its
+        ``resourceVersion`` (:meth:`ScheduledPods.take`), decided on without a read (module
+        docstring, step 1). Never raises for a failed bind: the error text goes back to the
+        scheduler."""
         key = f"{namespace}/{name}"
         entry = self._locks.get(key)
         if entry is None:
@@ -91,48 +159,77 @@ class Binder:
         entry.users += 1
         try:
             async with entry.lock:
-                return await self._bind_locked(namespace, name, uid=uid, node=node, check=check)
+                return await self._bind_locked(
+                    namespace, name, uid=uid, node=node, check=check, scheduled=scheduled
+                )
         finally:
             entry.users -= 1
             if entry.users == 0:  # the last bind of this pod drops the lock
                 del self._locks[key]
 
     async def _bind_locked(
-        self, namespace: str, name: str, *, uid: str, node: str, check: BindCheck | None
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        node: str,
+        check: BindCheck | None,
+        scheduled: tuple[JsonObj, str] | None,
     ) -> BindOutcome:
         key = f"{namespace}/{name}"
+        if scheduled is not None:
+            pod, version = scheduled
+            on_copy = await self._bind_pod(pod, key, uid=uid, node=node, check=check, version=version)
+            if on_copy is not None:
+                return on_copy
         try:
             pod = await self._store.get(Kind.POD, name, namespace=namespace)
         except StoreError as exc:
             return self._fail(key, node, f"cannot read pod {key}: {exc}", cause="store_error")
+        outcome = await self._bind_pod(pod, key, uid=uid, node=node, check=check, version=None)
+        assert outcome is not None  # decided on a read: always an outcome
+        return outcome
+
+    async def _bind_pod(
+        self, pod: JsonObj, key: str, *, uid: str, node: str, check: BindCheck | None, version: str | None
+    ) -> BindOutcome | None:
+        """Bind ``pod`` as read (``version`` None) or as kube-scheduler's copy at ``version``:
+        then the Binding is conditional on that version, and None (decide again on a fresh
+        read) replaces every outcome but success and an admission refusal."""
+
+        def failed(message: str, *, cause: str) -> BindOutcome | None:
+            return None if version is not None else self._fail(key, node, message, cause=cause)
+
         try:
             req = self._pods.parse(pod)
         except RequestError as exc:
-            return self._fail(key, node, f"pod {key}: {exc}", cause="bad_pod")
+            return failed(f"pod {key}: {exc}", cause="bad_pod")
         if uid and req.uid and uid != req.uid:
-            return self._fail(
-                key,
-                node,
-                f"pod {key} has uid {req.uid}, the scheduler asked to bind {uid}",
-                cause="uid_mismatch",
+            return failed(
+                f"pod {key} has uid {req.uid}, the scheduler asked to bind {uid}", cause="uid_mismatch"
             )
         pod_uid = req.uid or key
         if check is not None and (refusal := await check(pod, req, node)) is not None:
             return BindOutcome("refused", error=refusal.message, cause=refusal.reason)
 
         if req.node_name is not None:
+            if version is not None:
+                return None
             if req.node_name == node and (
                 req.count == 0 or (req.assignment is not None and req.assignment.node == node)
             ):
                 return BindOutcome("idempotent", assignment=req.assignment)
-            return self._fail(
-                key, node, f"pod {key} is already bound to {req.node_name}", cause="already_bound"
-            )
+            return failed(f"pod {key} is already bound to {req.node_name}", cause="already_bound")
 
         if req.count == 0:  # a pod without managed GPUs: just the Binding
             try:
-                await self._store.bind(namespace, name, uid=req.uid or None, node=node)
+                await self._store.bind(
+                    req.namespace, req.name, uid=req.uid or None, node=node, resource_version=version
+                )
             except StoreError as exc:
+                if version is not None and isinstance(exc, Conflict):
+                    return None  # the pod changed since the scheduler's copy (or got bound)
                 return self._fail(
                     key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error"
                 )
@@ -142,11 +239,9 @@ class Binder:
         # claim (an interrupted earlier attempt) counts as free for it.
         view = self._inventory.snapshot().get(node)
         if view is None:
-            return self._fail(key, node, f"node {node} has no GPUNode", cause="no_gpunode")
+            return failed(f"node {node} has no GPUNode", cause="no_gpunode")
         if view.standby and not req.reclaim:
-            return self._fail(
-                key,
-                node,
+            return failed(
                 f"{node} is a standby-pool node; only reclaim pods (flexlease.io/reclaim=true) may use it",
                 cause="standby_not_reclaim",
             )
@@ -169,11 +264,8 @@ class Binder:
             indices = scheduling.choose_devices(req, view)
         if indices is None:
             verdict = scheduling.check_node(req, view)
-            return self._fail(
-                key,
-                node,
-                f"no longer fits on {node}: {verdict.reason or 'GPUs taken'}",
-                cause="no_longer_fits",
+            return failed(
+                f"no longer fits on {node}: {verdict.reason or 'GPUs taken'}", cause="no_longer_fits"
             )
         try:
             self._inventory.assume(
@@ -185,7 +277,7 @@ class Binder:
                 priority_value=req.priority_value,
             )
         except Conflict as exc:
-            return self._fail(key, node, f"cannot reserve GPUs on {node}: {exc}", cause="no_longer_fits")
+            return failed(f"cannot reserve GPUs on {node}: {exc}", cause="no_longer_fits")
 
         assignment = Assignment(node, indices)
         assigned = assignment.format()
@@ -205,9 +297,19 @@ class Binder:
         }
         try:
             await self._store.bind(
-                req.namespace, req.name, uid=req.uid or None, node=node, annotations=annotations
+                req.namespace,
+                req.name,
+                uid=req.uid or None,
+                node=node,
+                annotations=annotations,
+                resource_version=version,
             )
         except StoreError as exc:
+            if version is not None and isinstance(exc, Conflict):
+                # refused as a whole (the pod changed since the scheduler's copy, or got
+                # bound): nothing landed; decide again on a fresh read
+                self._inventory.forget(pod_uid)
+                return None
             return await self._binding_failed(req, pod_uid, node=node, assignment=assignment, exc=exc)
         self._inventory.renew(pod_uid)
         log.info("bound pod", extra=ctx(pod=key, node=node, gpu=",".join(map(str, indices))))

@@ -189,12 +189,15 @@ class Store(Protocol):
         uid: str | None,
         node: str,
         annotations: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
     ) -> None:
         """Create the pod's Binding (``pods/binding``): sets ``spec.nodeName`` and adds the
         Binding's ``metadata.annotations`` to the pod's, in one write (the API server's
         ``BindingREST``, ``setPodNodeAndMetadata`` in pkg/registry/core/pod/storage). Raises
-        ``NotFound``; ``Conflict`` when the pod is already bound (to any node) or ``uid``
-        does not match."""
+        ``NotFound``; ``Conflict`` when the pod is already bound (to any node), or ``uid`` or
+        ``resource_version`` (the Binding's ``metadata.resourceVersion``: the pod must still
+        be that version, a precondition the API server checks before anything else) does
+        not match."""
         ...
 
     async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:

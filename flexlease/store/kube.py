@@ -433,13 +433,18 @@ class KubeStore:
         uid: str | None,
         node: str,
         annotations: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
     ) -> None:
         """``POST pods/{name}/binding`` (``annotations`` in the Binding's metadata: the API
-        server adds them to the pod's). Raises ``NotFound``; ``Conflict`` when the pod is
-        already bound or ``uid`` differs from the pod's."""
+        server adds them to the pod's; ``uid`` and ``resource_version`` as its ``metadata.uid``
+        and ``metadata.resourceVersion``, preconditions the API server checks). Raises
+        ``NotFound``; ``Conflict`` when the pod is already bound or ``uid`` or
+        ``resource_version`` differs from the pod's."""
         meta: JsonObj = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        if resource_version:
+            meta["resourceVersion"] = resource_version
         if annotations:
             meta["annotations"] = dict(annotations)
         binding = {

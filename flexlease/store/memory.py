@@ -300,13 +300,16 @@ class MemoryStore:
         uid: str | None,
         node: str,
         annotations: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
     ) -> None:
         """The pod's Binding (see :func:`semantics.apply_bind`). Raises ``NotFound``,
-        ``Conflict`` (already bound, uid mismatch)."""
+        ``Conflict`` (already bound, uid or resourceVersion mismatch)."""
         self._check_open()
         key = semantics.object_key(Kind.POD, name, namespace)
         current, text = self._entry(Kind.POD, key)
-        new = semantics.apply_bind(current, uid=uid, node=node, annotations=annotations)
+        new = semantics.apply_bind(
+            current, uid=uid, node=node, annotations=annotations, resource_version=resource_version
+        )
         self._write(Kind.POD, key, change=EventType.MODIFIED, obj=new, prev=(current, text))
 
     async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:

@@ -325,16 +325,21 @@ def _body(obj: JsonObj) -> JsonObj:
 
 
 def apply_bind(
-    pod: JsonObj, *, uid: str | None, node: str, annotations: Mapping[str, str] | None = None
+    pod: JsonObj,
+    *,
+    uid: str | None,
+    node: str,
+    annotations: Mapping[str, str] | None = None,
+    resource_version: str | None = None,
 ) -> JsonObj:
     """The pod after its Binding to ``node`` (without a new resourceVersion), as the API
     server's ``BindingREST`` writes it (``pkg/registry/core/pod/storage``): ``spec.nodeName``
     set, the Binding's ``annotations`` added to the pod's, ``status.nominatedNodeName``
     cleared (``ClearingNominatedNodeNameAfterBinding``, on by default since v1.34) and a
-    ``PodScheduled=True`` condition. Raises ``Conflict`` when ``uid`` is given and differs,
-    and, in the API server's order and words, when the pod is being deleted, is already
-    assigned (to any node) or still has scheduling gates; ``StoreError`` (400) on an empty
-    node name."""
+    ``PodScheduled=True`` condition. Raises ``Conflict`` when ``uid`` or ``resource_version``
+    (the Binding's preconditions, checked before anything else) is given and differs, and,
+    in the API server's order and words, when the pod is being deleted, is already assigned
+    (to any node) or still has scheduling gates; ``StoreError`` (400) on an empty node name."""
     meta = pod.get("metadata") or {}
     name = meta.get("name")
     where = f"{meta.get('namespace')}/{name}"
@@ -342,6 +347,11 @@ def apply_bind(
         raise bad_request(f"binding of pod {where}: node name is required")
     if uid is not None and uid != meta.get("uid"):
         raise Conflict(f"binding of pod {where}: uid {uid} does not match the pod's {meta.get('uid')}")
+    if resource_version and resource_version != meta.get("resourceVersion"):
+        raise Conflict(
+            f"Operation cannot be fulfilled on pods {name!r}: Precondition failed: ResourceVersion in "
+            f"precondition: {resource_version}, ResourceVersion in object meta: {meta.get('resourceVersion')}"
+        )
     spec = pod.get("spec") or {}
     if meta.get("deletionTimestamp"):
         raise Conflict(f"pod {name} is being deleted, cannot be assigned to a host")

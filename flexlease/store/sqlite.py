@@ -349,14 +349,21 @@ class SqliteStore:
         uid: str | None,
         node: str,
         annotations: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
     ) -> None:
         """The pod's Binding (see :func:`semantics.apply_bind`). Raises ``NotFound``,
-        ``Conflict`` (already bound, uid mismatch)."""
+        ``Conflict`` (already bound, uid or resourceVersion mismatch)."""
         key = semantics.object_key(Kind.POD, name, namespace)
 
         def write(conn: sqlite3.Connection, revs: _Revisions) -> None:
             text = _fetch(conn, Kind.POD, key)
-            new = semantics.apply_bind(semantics.decode(text), uid=uid, node=node, annotations=annotations)
+            new = semantics.apply_bind(
+                semantics.decode(text),
+                uid=uid,
+                node=node,
+                annotations=annotations,
+                resource_version=resource_version,
+            )
             _put(conn, revs, kind=Kind.POD, key=key, change=EventType.MODIFIED, obj=new, prev_text=text)
 
         await self._call(functools.partial(self._write, write))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from extender import server
+from extender.binder import ScheduledPods
 from flexlease.api import keys
 from flexlease.errors import StoreError
 from flexlease.store.base import JsonObj, Kind
@@ -31,8 +32,13 @@ class FlakyStore(MemoryStore):
         self.pod_patches = 0
         self.fail_get = 0
         self.fail_read_back = False
+        self.pod_reads = 0
+        self.binding_versions: list[str | None] = []
+        """Each Binding's resourceVersion precondition, in order (None: none)."""
 
     async def get(self, kind: Kind, name: str, **kw: Any) -> JsonObj:
+        if kind is Kind.POD:
+            self.pod_reads += 1
         if kind is Kind.POD and self.fail_get:
             self.fail_get -= 1
             raise StoreError("etcdserver: request timed out", status=504)
@@ -51,8 +57,10 @@ class FlakyStore(MemoryStore):
         uid: str | None,
         node: str,
         annotations: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
     ) -> None:
         self.binds += 1
+        self.binding_versions.append(resource_version)
         if self.bind_delay:
             await asyncio.sleep(self.bind_delay)
         if self.fail_bind:
@@ -60,7 +68,9 @@ class FlakyStore(MemoryStore):
             if self.fail_read_back:
                 self.fail_get = 1
             raise StoreError("node n1 is being drained", status=500)
-        await super().bind(namespace, name, uid=uid, node=node, annotations=annotations)
+        await super().bind(
+            namespace, name, uid=uid, node=node, annotations=annotations, resource_version=resource_version
+        )
         if self.lose_bind_reply:
             self.lose_bind_reply = False
             raise StoreError("connection reset by peer")
@@ -324,3 +334,109 @@ async def test_an_interrupted_bind_does_not_strand_its_pod_and_its_claim_expires
     assert reply["NodeNames"] == ["n1"]
     assert await bind(client, stuck) == ""
     assert (await annotations(store, "stuck"))[keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
+
+
+# ---------------------------------------------------------------- kube-scheduler's copy of the pod
+
+
+async def filtered(client: Any, pod: JsonObj, nodes: list[str]) -> JsonObj:
+    """``/filter`` with ``pod`` as kube-scheduler sends it (its informer's copy); the reply."""
+    reply: JsonObj = await post(client, "filter", payloads.extender_args(pod, nodes))
+    return reply
+
+
+async def test_a_bind_after_filter_reads_no_pod_and_binds_on_its_version(
+    start: Any, store: FlakyStore
+) -> None:
+    """kube-scheduler's cycle: filter with its copy, then bind. The binder decides on that copy
+    (no read of the pod) and the Binding is conditional on the copy's resourceVersion."""
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=2))
+    assert (await filtered(client, pod, ["n1"]))["NodeNames"] == ["n1"]
+    store.pod_reads = 0
+    assert await bind(client, pod) == ""
+    assert store.pod_reads == 0
+    assert store.binding_versions == [pod["metadata"]["resourceVersion"]]
+    stored = await store.get(Kind.POD, "p", namespace="ml")
+    assert stored["spec"]["nodeName"] == "n1"
+    assert stored["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
+    store.pod_reads = 0
+    assert await bind(client, pod) == ""  # the scheduler's retry: bound as asked, on a fresh read
+    assert store.binding_versions == [pod["metadata"]["resourceVersion"]] and store.pod_reads == 1
+
+
+async def test_a_pod_without_gpus_binds_on_the_copy_too(start: Any, store: FlakyStore) -> None:
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=0))
+    await filtered(client, pod, ["n1"])
+    store.pod_reads = 0
+    assert await bind(client, pod) == ""
+    assert store.pod_reads == 0 and store.binding_versions == [pod["metadata"]["resourceVersion"]]
+    assert (await store.get(Kind.POD, "p", namespace="ml"))["spec"]["nodeName"] == "n1"
+
+
+async def test_a_pod_changed_after_filter_binds_on_a_fresh_read(start: Any, store: FlakyStore) -> None:
+    """The pod changed between filter and bind (here: a label): the conditional Binding is
+    refused (409), its reservation forgotten, and the bind decided again on the pod as it is
+    now."""
+    await add_node(store, payloads.gpunode("n1", gpus=4))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=2, tier="LA"))
+    await filtered(client, pod, ["n1"])
+    changed = await store.patch(Kind.POD, "p", {"metadata": {"labels": {"team": "ranking"}}}, namespace="ml")
+    store.pod_reads = 0
+    assert await bind(client, pod) == ""
+    assert store.binding_versions == [pod["metadata"]["resourceVersion"], None]
+    assert store.pod_reads == 1
+    stored = await store.get(Kind.POD, "p", namespace="ml")
+    assert stored["spec"]["nodeName"] == "n1"
+    assert stored["metadata"]["labels"]["team"] == "ranking"
+    assert stored["metadata"]["resourceVersion"] != changed["metadata"]["resourceVersion"]
+    assert stored["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
+    inv = client.app[server.INVENTORY]
+    await eventually(lambda: inv.holding(pod["metadata"]["uid"]) is not None)
+    assert inv.claimed_nodes(pod["metadata"]["uid"]) == {"n1"}
+
+
+async def test_a_pod_bound_elsewhere_after_filter_fails_and_frees_its_reservation(
+    start: Any, store: FlakyStore
+) -> None:
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    await add_node(store, payloads.gpunode("n2", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=2))
+    await filtered(client, pod, ["n1", "n2"])
+    await store.bind("ml", "p", uid=None, node="n2")  # another binder got there first
+    store.binding_versions.clear()
+    error = await bind(client, pod, "n1")
+    assert error == "pod ml/p is already bound to n2"
+    assert store.binding_versions == [pod["metadata"]["resourceVersion"]]  # none after the read
+    inv = client.app[server.INVENTORY]
+    assert inv.reservation(pod["metadata"]["uid"]) is None
+    other = await add_pod(store, payloads.pod("q", gpus=2))
+    assert await bind(client, other, "n1") == ""  # n1's GPUs were not left reserved
+
+
+async def test_a_copy_is_used_once_only_for_the_pod_and_the_caller_that_sent_it() -> None:
+    pods = ScheduledPods(size=2)
+    pod = payloads.pod("p", gpus=1)
+    pod["metadata"]["resourceVersion"] = "41"
+    uid = pod["metadata"]["uid"]
+    pods.remember(pod, caller=("kube-scheduler",))
+    assert pods.take("ml", "p", uid, caller=("flexlease-agent",)) is None  # another client's
+    assert pods.take("ml", "p", uid) is None  # no certificate
+    assert pods.take("ml", "q", uid, caller=("kube-scheduler",)) is None  # another pod's name
+    assert pods.take("other", "p", uid, caller=("kube-scheduler",)) is None
+    assert pods.take("ml", "p", "", caller=("kube-scheduler",)) is None  # the scheduler sent no uid
+    assert pods.take("ml", "p", uid, caller=("kube-scheduler",)) == (pod, "41")
+    assert pods.take("ml", "p", uid, caller=("kube-scheduler",)) is None  # spent
+    unversioned = payloads.pod("u", gpus=1)
+    unversioned["metadata"].pop("resourceVersion", None)
+    pods.remember(unversioned)
+    assert pods.take("ml", "u", unversioned["metadata"]["uid"]) is None
+    pods.remember(pod)
+    pods.remember(payloads.pod("r", gpus=1))
+    pods.remember(payloads.pod("s", gpus=1))
+    assert pods.take("ml", "p", uid) is None  # the oldest of three, dropped at two

@@ -609,6 +609,26 @@ class StoreContract:
         pod = await store.get(Kind.POD, "p1", namespace=NS)
         assert not pod["spec"].get("nodeName")
 
+    async def test_bind_on_a_resource_version(self, store: Store) -> None:
+        """A Binding's ``metadata.resourceVersion`` is a precondition: a pod changed since that
+        version is not bound (nor annotated); the current version binds."""
+        created = await store.create(Kind.POD, make_pod("p1"))
+        changed = await store.patch(Kind.POD, "p1", {"metadata": {"labels": {"a": "b"}}}, namespace=NS)
+        with pytest.raises(Conflict, match="Precondition failed: ResourceVersion in precondition"):
+            await store.bind(
+                NS,
+                "p1",
+                uid=None,
+                node="gpu-1",
+                annotations={"x": "y"},
+                resource_version=created["metadata"]["resourceVersion"],
+            )
+        assert await store.get(Kind.POD, "p1", namespace=NS) == changed
+        await store.bind(
+            NS, "p1", uid=None, node="gpu-1", resource_version=changed["metadata"]["resourceVersion"]
+        )
+        assert (await store.get(Kind.POD, "p1", namespace=NS))["spec"]["nodeName"] == "gpu-1"
+
     async def test_binding_a_scheduling_gated_pod_conflicts(self, store: Store) -> None:
         """The API server refuses to bind a pod whose ``spec.schedulingGates`` is not empty."""
         pod = make_pod("p1")

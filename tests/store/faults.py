@@ -191,12 +191,20 @@ class FaultyStore:
         uid: str | None,
         node: str,
         annotations: Mapping[str, str] | None = None,
+        resource_version: str | None = None,
     ) -> None:
         await self._call(
             "bind",
             Kind.POD,
             [namespace, name, node, annotations or {}],
-            lambda: self.inner.bind(namespace, name, uid=uid, node=node, annotations=annotations),
+            lambda: self.inner.bind(
+                namespace,
+                name,
+                uid=uid,
+                node=node,
+                annotations=annotations,
+                resource_version=resource_version,
+            ),
         )
 
     async def evict(self, namespace: str, name: str, *, grace_period_seconds: int | None = None) -> None:
