@@ -4,14 +4,16 @@ Role: the extender's ``/bind`` verb (kube-scheduler calls it after the schedulin
 only one extender may bind). Follows kube-scheduler's assume → bind → forget:
 
 1. read the pod; an already bound pod with its ``assigned-gpus`` on that node is an
-   idempotent success. The read is skipped when kube-scheduler's own copy of the pod is at
-   hand (:class:`ScheduledPods`: the pod it sent to filter and prioritize in this cycle, from
-   its informer): the bind decides on that copy, and its Binding carries the copy's
-   ``resourceVersion`` as a precondition, which the API server checks (409 unless the pod is
-   still that version; ``BindingREST`` in pkg/registry/core/pod/storage). A bind that does not
-   succeed on the copy — a conflict, or any failure but an admission refusal, which rests on
-   the pod's immutable ``spec.schedulerName`` and the node — is decided again on a fresh read,
-   so the copy only ever saves the read of a pod that binds: one API call per bind, not two;
+   idempotent success. The read is skipped when the extender's own Pod watch holds the pod,
+   unbound (:meth:`extender.state.Inventory.unbound_pod`: what the API server sent, never
+   what a caller sent): the bind decides on that copy, and its Binding carries the copy's
+   ``resourceVersion`` as a precondition, which the API server checks before anything else
+   (409 unless the pod is still that version: ``BindingREST``'s ``GuaranteedUpdate`` with
+   ``storage.Preconditions``, pkg/registry/core/pod/storage). When the watch lags — the
+   Binding answers 409 — or the copy gives any outcome but success, an admission refusal or
+   a Binding error of unknown outcome (step 4), the bind is decided again on a fresh read:
+   the copy only ever saves the read of a pod that binds, one API call per bind instead of
+   two (``BindOutcome.source`` says which way each bind went);
 2. take an inventory snapshot, in which the pod's own claim counts as free for it
    (:func:`extender.scheduling.release_own`); keep the pod's existing ``assigned-gpus`` only
    if :func:`extender.scheduling.claim_problem` finds nothing wrong with it (never trusted:
@@ -37,9 +39,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Final
 
 from extender import scheduling
 from extender.admission import BindCheck
@@ -64,57 +66,13 @@ class BindOutcome:
     assignment: Assignment | None = None
     cause: str = "fits"
     """Bounded metrics label: ``fits`` on success, else why (``no_longer_fits``, ``store_error``...)."""
+    source: str = "read"
+    """Bounded metrics label (:data:`SOURCES`): which copy of the pod the bind decided on."""
 
 
-class ScheduledPods:
-    """The pods kube-scheduler sent to ``/filter`` lately (its informer's copies, as decoded
-    from the request: not to be changed), by ``metadata.uid``, each with the caller that sent
-    it; ``size`` most recent kept. :meth:`take` gives the binder the one ``/bind`` names, once
-    (a bind spends the copy's version: a retry reads the pod), and only to the caller that
-    sent it: under mutual TLS another client (with another
-    certificate name) cannot make the binder decide on a pod it wrote (the API server checks
-    the copy's version, not its contents)."""
-
-    def __init__(self, *, size: int = 64) -> None:
-        if size < 1:
-            raise ValueError("size must be at least 1")
-        self._size = size
-        self._pods: OrderedDict[str, tuple[tuple[str, ...], JsonObj]] = OrderedDict()
-
-    def remember(self, pod: JsonObj, *, caller: tuple[str, ...] = ()) -> None:
-        """Keep ``pod`` (a decoded Pod object) under its uid, sent by ``caller`` (the names
-        of the client's certificate: :func:`extender.tls.client_names`; ``()`` without
-        mutual TLS). Pods without a uid are not kept."""
-        meta = pod.get("metadata")
-        uid = meta.get("uid") if isinstance(meta, dict) else None
-        if not isinstance(uid, str) or not uid:
-            return
-        self._pods[uid] = (caller, pod)
-        self._pods.move_to_end(uid)
-        if len(self._pods) > self._size:
-            self._pods.popitem(last=False)
-
-    def take(
-        self, namespace: str, name: str, uid: str, *, caller: tuple[str, ...] = ()
-    ) -> tuple[JsonObj, str] | None:
-        """The pod ``caller`` sent under ``uid`` and its ``resourceVersion``, when it is
-        ``namespace/name`` (``metadata.namespace`` absent: ``default``) with a non-empty
-        version, and forget it; else None (``uid`` empty: no copy can be matched to the
-        pod). Another caller's copy stays."""
-        kept = self._pods.get(uid) if uid else None
-        if kept is None or kept[0] != caller:
-            return None
-        pod = kept[1]
-        meta = pod.get("metadata")
-        if not isinstance(meta, dict) or meta.get("name") != name:
-            return None
-        if (meta.get("namespace") or "default") != namespace:
-            return None
-        version = meta.get("resourceVersion")
-        if not isinstance(version, str) or not version:
-            return None
-        del self._pods[uid]
-        return pod, version
+SOURCES: Final = ("watch", "read", "stale_watch")
+"""Where a bind's pod came from: the Pod watch's copy (no read), a read (the watch held no
+unbound copy), a read after the watch's copy did not bind (it lagged, or failed otherwise)."""
 
 
 @dataclass(slots=True)
@@ -144,14 +102,11 @@ class Binder:
         uid: str,
         node: str,
         check: BindCheck | None = None,
-        scheduled: tuple[JsonObj, str] | None = None,
     ) -> BindOutcome:
         """Bind pod ``namespace/name`` (``uid`` as the scheduler saw it; empty = unchecked) to
         ``node``. ``check`` (:mod:`extender.admission`) may refuse the pod as read from the
-        store (outcome ``refused``). ``scheduled``: kube-scheduler's copy of this pod and its
-        ``resourceVersion`` (:meth:`ScheduledPods.take`), decided on without a read (module
-        docstring, step 1). Never raises for a failed bind: the error text goes back to the
-        scheduler."""
+        store or held by the Pod watch (outcome ``refused``). Never raises for a failed bind:
+        the error text goes back to the scheduler."""
         key = f"{namespace}/{name}"
         entry = self._locks.get(key)
         if entry is None:
@@ -159,9 +114,7 @@ class Binder:
         entry.users += 1
         try:
             async with entry.lock:
-                return await self._bind_locked(
-                    namespace, name, uid=uid, node=node, check=check, scheduled=scheduled
-                )
+                return await self._bind_locked(namespace, name, uid=uid, node=node, check=check)
         finally:
             entry.users -= 1
             if entry.users == 0:  # the last bind of this pod drops the lock
@@ -175,28 +128,45 @@ class Binder:
         uid: str,
         node: str,
         check: BindCheck | None,
-        scheduled: tuple[JsonObj, str] | None,
     ) -> BindOutcome:
         key = f"{namespace}/{name}"
-        if scheduled is not None:
-            pod, version = scheduled
+        source = "read"
+        watched = self._watched(namespace, name, uid)
+        if watched is not None:
+            pod, version = watched
             on_copy = await self._bind_pod(pod, key, uid=uid, node=node, check=check, version=version)
             if on_copy is not None:
-                return on_copy
+                return replace(on_copy, source="watch")
+            source = "stale_watch"
+            log.debug("the watch's copy did not bind; reading the pod", extra=ctx(pod=key, node=node))
         try:
             pod = await self._store.get(Kind.POD, name, namespace=namespace)
         except StoreError as exc:
-            return self._fail(key, node, f"cannot read pod {key}: {exc}", cause="store_error")
+            failed = self._fail(key, node, f"cannot read pod {key}: {exc}", cause="store_error")
+            return replace(failed, source=source)
         outcome = await self._bind_pod(pod, key, uid=uid, node=node, check=check, version=None)
         assert outcome is not None  # decided on a read: always an outcome
-        return outcome
+        return replace(outcome, source=source)
+
+    def _watched(self, namespace: str, name: str, uid: str) -> tuple[JsonObj, str] | None:
+        """The Pod watch's copy of unbound pod ``uid`` and its ``resourceVersion``, when it is
+        ``namespace/name`` at a known version; else None (``uid`` empty: nothing to match)."""
+        pod = self._inventory.unbound_pod(uid) if uid else None
+        meta = pod.get("metadata") if pod is not None else None
+        if pod is None or not isinstance(meta, dict):
+            return None
+        if meta.get("name") != name or (meta.get("namespace") or "default") != namespace:
+            return None
+        version = meta.get("resourceVersion")
+        return (pod, version) if isinstance(version, str) and version else None
 
     async def _bind_pod(
         self, pod: JsonObj, key: str, *, uid: str, node: str, check: BindCheck | None, version: str | None
     ) -> BindOutcome | None:
-        """Bind ``pod`` as read (``version`` None) or as kube-scheduler's copy at ``version``:
+        """Bind ``pod`` as read (``version`` None) or as the Pod watch's copy at ``version``:
         then the Binding is conditional on that version, and None (decide again on a fresh
-        read) replaces every outcome but success and an admission refusal."""
+        read) replaces every outcome but success, an admission refusal and a Binding error
+        of unknown outcome (:meth:`_binding_failed` settles it)."""
 
         def failed(message: str, *, cause: str) -> BindOutcome | None:
             return None if version is not None else self._fail(key, node, message, cause=cause)

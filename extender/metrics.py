@@ -45,6 +45,7 @@ LATENCY_BUCKETS: Final = (
 REQUEST_SECONDS: Final = "flexlease_extender_request_duration_seconds"
 DECISIONS: Final = "flexlease_extender_decisions"
 BAD_REQUESTS: Final = "flexlease_extender_bad_requests"
+BIND_SOURCES: Final = "flexlease_extender_bind_pod_sources"
 GPUS: Final = "flexlease_extender_gpus"
 
 
@@ -75,6 +76,13 @@ class ExtenderMetrics:
             BAD_REQUESTS,
             "Requests answered 4xx (malformed JSON, wrong types, unknown verb, body too large).",
             ["verb", "reason"],
+            registry=registry,
+        )
+        self.bind_sources = Counter(
+            BIND_SOURCES,
+            "Binds by the copy of the pod they decided on: watch (no read), read, stale_watch "
+            "(read after the watch's copy did not bind).",
+            ["source"],
             registry=registry,
         )
         self._request_children: dict[tuple[str, int], Any] = {}

@@ -39,9 +39,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import ValidationError
 
-from extender import body, scheduling, tasks, tls
+from extender import body, scheduling, tasks
 from extender.admission import Admission
-from extender.binder import Binder, ScheduledPods
+from extender.binder import Binder
 from extender.equivalence import FilterCache, PriorityCache
 from extender.metrics import VERBS, ExtenderMetrics
 from extender.orchestrator import profile as profiles
@@ -79,9 +79,6 @@ SETTINGS: Final = web.AppKey("settings", Settings)
 STORE: Final = web.AppKey("store", Store)
 INVENTORY: Final = web.AppKey("inventory", Inventory)
 BINDER: Final = web.AppKey("binder", Binder)
-SCHEDULED: Final = web.AppKey("scheduled", ScheduledPods)
-"""The pods kube-scheduler sent to ``/filter`` lately: ``/bind`` decides on its copy
-without reading the pod (:mod:`extender.binder`, step 1)."""
 METRICS: Final = web.AppKey("metrics", ExtenderMetrics)
 WATCHES: Final = web.AppKey("watches", dict[Kind, WatchState])
 ARGS_DECODER: Final = web.AppKey("args_decoder", body.ExtenderArgsDecoder)
@@ -149,7 +146,6 @@ def create_app(
     pods = podapi.ParsedPods(ext.gpu_resource)
     app[PODS] = pods
     app[BINDER] = Binder(store, inv, gpu_resource=ext.gpu_resource, pods=pods)
-    app[SCHEDULED] = ScheduledPods()
     app[ARGS_DECODER] = body.ExtenderArgsDecoder()
     app[FILTER_CACHE] = FilterCache()
     app[PRIORITY_CACHE] = PriorityCache()
@@ -344,7 +340,6 @@ async def filter_verb(request: web.Request) -> web.Response:
     if request.app[ADMISSION].passes_through(request, "filter", args.pod):  # another scheduler's
         return _json(_filter_reply(args, args.candidate_names(), {}, {}))
     req = _parse_pod(request, args.pod)
-    request.app[SCHEDULED].remember(args.pod, caller=tls.client_names(tls.peer_certificate(request)))
     names = args.candidate_names()
     if req.count == 0:  # not ours: every candidate passes untouched
         return _json(_filter_reply(args, names, {}, {}))
@@ -472,14 +467,9 @@ async def bind_verb(request: web.Request) -> web.Response:
         uid=args.pod_uid,
         node=args.node,
         check=request.app[ADMISSION].bind_check(request),
-        scheduled=request.app[SCHEDULED].take(
-            args.pod_namespace,
-            args.pod_name,
-            args.pod_uid,
-            caller=tls.client_names(tls.peer_certificate(request)),
-        ),
     )
     request.app[METRICS].count_decisions("bind", {(outcome.outcome, outcome.cause): 1})
+    request.app[METRICS].bind_sources.labels(outcome.source).inc()
     if not outcome.error:  # the usual reply, encoded once
         return web.Response(body=_BOUND, content_type="application/json")
     return _json(wire.ExtenderBindingResult(error=outcome.error).to_wire())

@@ -223,6 +223,9 @@ class Inventory:
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
         self._holdings: dict[str, _Holding] = {}
+        self._pending_pods: dict[str, JsonObj] = {}
+        """uid → the latest object the Pod watch delivered for each live pod not bound to a
+        node (shared with the watch: read-only), for :meth:`unbound_pod`."""
         self._on_node: dict[str, dict[str, None]] = {}
         self._reservations: dict[str, Reservation] = {}
         self._unbound: dict[str, float] = {}
@@ -340,6 +343,7 @@ class Inventory:
         """Replace every holding with the result of a Pod list."""
         seen: set[str] = set()
         self._critical.clear()
+        self._pending_pods.clear()
         for obj in objects:
             uid = self._upsert_pod(obj)
             if uid is not None:
@@ -356,6 +360,7 @@ class Inventory:
             return
         if event.type is EventType.DELETED:
             uid = str((event.object.get("metadata") or {}).get("uid") or "")
+            self._pending_pods.pop(uid, None)
             self._release(uid)
             self._critical.discard(uid)
             res = self._reservations.pop(uid, None)
@@ -369,7 +374,12 @@ class Inventory:
         try:
             req = podapi.parse_pod(obj, self._resource)
         except PodSpecError as exc:
+            self._forget_unbound(obj)
             return self._upsert_malformed_pod(obj, exc, critical=critical)
+        if req.uid and req.node_name is None and not req.terminated:
+            self._pending_pods[req.uid] = obj
+        elif req.uid:
+            self._pending_pods.pop(req.uid, None)
         uid = req.uid or req.key
         if req.assignment is None or req.terminated:
             self._release(uid)
@@ -386,6 +396,19 @@ class Inventory:
             critical=critical,
         )
         return self._hold(holding)
+
+    def _forget_unbound(self, obj: JsonObj) -> None:
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        if isinstance(uid, str):
+            self._pending_pods.pop(uid, None)
+
+    def unbound_pod(self, uid: str) -> JsonObj | None:
+        """The latest object the Pod watch (or list) delivered for pod ``uid`` while it is
+        live and not bound to a node, else None: what the API server sent, at its
+        ``metadata.resourceVersion``, possibly behind the API server by the watch's lag.
+        Shared with the watch: not to be changed."""
+        return self._pending_pods.get(uid)
 
     def _note_critical(self, obj: JsonObj) -> bool:
         """Record whether the pod holds a critical role (coordinator, Ray head, rank 0: WeFlex

@@ -546,7 +546,7 @@ def _applied(store: MemoryStore | KubeStore, summary: dict[str, int], args: argp
 
 
 def apiserver_main(conn: Connection, cpu: int) -> None:
-    """The API server stand-in's process (``--store kube``): serve until told to stop."""
+    """The API server stand-in's process (``--store kube``): serve until terminated."""
     from standins.apiserver import FakeApiServer  # noqa: PLC0415 - only this process needs it
 
     os.sched_setaffinity(0, {cpu})
@@ -556,7 +556,7 @@ def apiserver_main(conn: Connection, cpu: int) -> None:
         # bookmarks about once a minute, as kube-apiserver's watch cache sends them
         async with FakeApiServer(bookmark_interval=60.0) as api:
             conn.send(api.url)
-            await asyncio.to_thread(conn.recv)
+            await asyncio.Event().wait()  # until terminated
 
     uvloop.run(serve())
 
@@ -772,33 +772,39 @@ def run_once(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], 
     """One server process and one client run: (server hello, client result, server figures)."""
     ctx = multiprocessing.get_context("fork")
     apiserver = None
-    if args.store == "kube":
-        api_parent, api_child = ctx.Pipe()
-        apiserver = ctx.Process(
-            target=apiserver_main, args=(api_child, args.apiserver_cpu), name="extender-bench-apiserver"
-        )
-        apiserver.start()
-        args = argparse.Namespace(**{**vars(args), "apiserver_url": api_parent.recv()})
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=server_main, args=(child, args), name="extender-bench-server")
-    proc.start()
-    affinity = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {args.client_cpu})
-    hello = parent.recv()
-    names = [f"gpu-{i:05d}" for i in range(args.nodes)]
-    if args.gc_freeze:  # the client's own long-lived data (the pending pods) out of the collector's way
-        gc.collect()
-        gc.freeze()
-    result = asyncio.run(client(args, hello["urls"], hello["pending"], names, hello["free"]))
-    parent.send("done")
-    server = parent.recv()
-    proc.join()
-    if apiserver is not None:
-        api_parent.send("stop")
-        apiserver.join()
-    os.sched_setaffinity(0, affinity)
-    if args.gc_freeze:
-        gc.unfreeze()
+    try:
+        if args.store == "kube":
+            api_parent, api_child = ctx.Pipe()
+            apiserver = ctx.Process(
+                target=apiserver_main,
+                args=(api_child, args.apiserver_cpu),
+                name="extender-bench-apiserver",
+                daemon=True,
+            )
+            apiserver.start()
+            api_child.close()  # the stand-in's end: a stand-in that dies is an EOFError here
+            args = argparse.Namespace(**{**vars(args), "apiserver_url": api_parent.recv()})
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=server_main, args=(child, args), name="extender-bench-server")
+        proc.start()
+        affinity = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {args.client_cpu})
+        hello = parent.recv()
+        names = [f"gpu-{i:05d}" for i in range(args.nodes)]
+        if args.gc_freeze:  # the client's own long-lived data (the pending pods) out of the collector's way
+            gc.collect()
+            gc.freeze()
+        result = asyncio.run(client(args, hello["urls"], hello["pending"], names, hello["free"]))
+        parent.send("done")
+        server = parent.recv()
+        proc.join()
+        os.sched_setaffinity(0, affinity)
+        if args.gc_freeze:
+            gc.unfreeze()
+    finally:
+        if apiserver is not None:
+            apiserver.terminate()  # a daemon: stopped on every way out
+            apiserver.join()
     return hello, result, server
 
 

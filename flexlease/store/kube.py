@@ -56,12 +56,12 @@ import asyncio
 import json
 import logging
 import random
+import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
-from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 from yarl import URL
@@ -533,29 +533,52 @@ def _environment_read_once(api: ApiClient) -> None:
     ``trust_env=True``, and aiohttp then looks up ``~/.netrc`` (for any request without a
     ``BasicAuth``: bearer tokens travel as a header) and the proxy variables on every request,
     each in a worker thread: two thread hand-offs, a file read and the loop's wake-up per API
-    call, ≈ 100 µs of CPU out of ≈ 300 µs for a ``GET`` of a pod (``hack/bench_extender.py
-    --store kube``). client-go reads the proxy variables once per process
-    (``http.ProxyFromEnvironment``) and never reads ``.netrc``; so here: a session with
-    ``trust_env=False`` on the same connector takes the library's place, and the proxy for the
-    API server's URL, by aiohttp's own rules (``HTTPS_PROXY``/``HTTP_PROXY`` by scheme,
-    ``NO_PROXY``, credentials from the proxy URL or ``.netrc``), goes into the library's own
-    ``proxy`` setting unless the configuration names one (a kubeconfig's ``proxy-url``)."""
+    call (README, "Extender speed, eleventh round"). client-go reads the proxy variables once
+    per process (``http.ProxyFromEnvironment``) and never reads ``.netrc``. So here a session
+    with ``trust_env=False`` on the same connector, with the library session's timeout,
+    headers, cookie jar and decompression, takes the library's place, and :func:`_env_proxy`
+    for the API server's URL goes into the library's own ``proxy`` setting, unless the
+    configuration names one (a kubeconfig's ``proxy-url``)."""
     rest = api.rest_client
     session: aiohttp.ClientSession = rest.pool_manager
     rest.pool_manager = aiohttp.ClientSession(
-        connector=session.connector, trust_env=False, read_bufsize=_READ_BUFFER_BYTES
+        connector=session.connector,
+        trust_env=False,
+        timeout=session.timeout,
+        headers=session.headers,
+        cookie_jar=session.cookie_jar,
+        auto_decompress=session.auto_decompress,
+        read_bufsize=_READ_BUFFER_BYTES,
     )
     session.detach()  # the old session gives up the connector without closing it
-    host = api.configuration.host
-    if rest.proxy or not host:
-        return
-    try:
-        proxy, auth = get_env_proxy_for_url(URL(host))
-    except LookupError:  # no proxy variable for this scheme, or NO_PROXY names the host
-        return
-    rest.proxy = str(proxy)
-    if auth is not None:
-        rest.proxy_headers = {**(rest.proxy_headers or {}), "Proxy-Authorization": auth.encode()}
+    host = URL(api.configuration.host or "")
+    proxy = _env_proxy(host) if not rest.proxy and host.host else None
+    if proxy is not None:
+        rest.proxy = proxy
+
+
+def _env_proxy(url: URL) -> str | None:
+    """The proxy the environment names for ``url``: ``HTTPS_PROXY``/``HTTP_PROXY`` (either
+    case) by its scheme, unless ``NO_PROXY`` names its host — Python's ``urllib.request``
+    rules, which aiohttp applies too: host names, domain suffixes, ``host:port`` and ``*``;
+    unlike Go's, no CIDR ranges. Credentials stay in the proxy URL (aiohttp sends them as
+    ``Proxy-Authorization``, on the ``CONNECT`` for an HTTPS API server). Only ``http://``
+    proxies, as aiohttp supports: another scheme is logged and the API server reached
+    directly."""
+    assert url.host is not None
+    if urllib.request.proxy_bypass(url.host):
+        return None
+    proxy = urllib.request.getproxies().get(url.scheme)
+    if not proxy:
+        return None
+    if URL(proxy).scheme != "http":
+        log.warning(
+            "proxy from the environment not supported (aiohttp proxies over http:// only); "
+            "connecting directly",
+            extra=ctx(proxy=str(URL(proxy).with_user(None)), host=url.host),
+        )
+        return None
+    return proxy
 
 
 _END: Final = object()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -10,7 +11,6 @@ from typing import Any
 import pytest
 
 from extender import server
-from extender.binder import ScheduledPods
 from flexlease.api import keys
 from flexlease.errors import StoreError
 from flexlease.store.base import JsonObj, Kind
@@ -336,107 +336,124 @@ async def test_an_interrupted_bind_does_not_strand_its_pod_and_its_claim_expires
     assert (await annotations(store, "stuck"))[keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
 
 
-# ---------------------------------------------------------------- kube-scheduler's copy of the pod
+# ---------------------------------------------------------------- the Pod watch's copy of the pod
 
 
-async def filtered(client: Any, pod: JsonObj, nodes: list[str]) -> JsonObj:
-    """``/filter`` with ``pod`` as kube-scheduler sends it (its informer's copy); the reply."""
-    reply: JsonObj = await post(client, "filter", payloads.extender_args(pod, nodes))
-    return reply
+def sources(client: Any) -> dict[str, float]:
+    """``flexlease_extender_bind_pod_sources_total`` by source."""
+    registry = client.app[server.METRICS].registry
+    return {
+        src: registry.get_sample_value("flexlease_extender_bind_pod_sources_total", {"source": src}) or 0.0
+        for src in ("watch", "read", "stale_watch")
+    }
 
 
-async def test_a_bind_after_filter_reads_no_pod_and_binds_on_its_version(
+async def watched(client: Any, pod: JsonObj) -> JsonObj:
+    """The Pod watch's copy of ``pod`` once the extender holds it (unbound)."""
+    inv = client.app[server.INVENTORY]
+    await eventually(lambda: inv.unbound_pod(pod["metadata"]["uid"]) is not None)
+    copy: JsonObj = inv.unbound_pod(pod["metadata"]["uid"])
+    return copy
+
+
+async def test_a_bind_decides_on_the_watchs_copy_and_binds_on_its_version(
     start: Any, store: FlakyStore
 ) -> None:
-    """kube-scheduler's cycle: filter with its copy, then bind. The binder decides on that copy
-    (no read of the pod) and the Binding is conditional on the copy's resourceVersion."""
+    """The extender's Pod watch holds the pending pod: the binder decides on that copy (no read
+    of the pod) and the Binding is conditional on the copy's resourceVersion."""
     await add_node(store, payloads.gpunode("n1", gpus=2))
     client = await start()
     pod = await add_pod(store, payloads.pod("p", gpus=2))
-    assert (await filtered(client, pod, ["n1"]))["NodeNames"] == ["n1"]
+    assert (await watched(client, pod))["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
     store.pod_reads = 0
     assert await bind(client, pod) == ""
     assert store.pod_reads == 0
     assert store.binding_versions == [pod["metadata"]["resourceVersion"]]
+    assert sources(client) == {"watch": 1.0, "read": 0.0, "stale_watch": 0.0}
     stored = await store.get(Kind.POD, "p", namespace="ml")
     assert stored["spec"]["nodeName"] == "n1"
     assert stored["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
+    inv = client.app[server.INVENTORY]
+    await eventually(lambda: inv.unbound_pod(pod["metadata"]["uid"]) is None)  # bound: no copy
     store.pod_reads = 0
-    assert await bind(client, pod) == ""  # the scheduler's retry: bound as asked, on a fresh read
-    assert store.binding_versions == [pod["metadata"]["resourceVersion"]] and store.pod_reads == 1
+    assert await bind(client, pod) == ""  # the scheduler's retry: bound as asked, on a read
+    assert store.pod_reads == 1 and len(store.binding_versions) == 1
+    assert sources(client)["read"] == 1.0
 
 
-async def test_a_pod_without_gpus_binds_on_the_copy_too(start: Any, store: FlakyStore) -> None:
+async def test_a_pod_without_gpus_binds_on_the_watchs_copy_too(start: Any, store: FlakyStore) -> None:
     await add_node(store, payloads.gpunode("n1", gpus=2))
     client = await start()
     pod = await add_pod(store, payloads.pod("p", gpus=0))
-    await filtered(client, pod, ["n1"])
+    await watched(client, pod)
     store.pod_reads = 0
     assert await bind(client, pod) == ""
     assert store.pod_reads == 0 and store.binding_versions == [pod["metadata"]["resourceVersion"]]
     assert (await store.get(Kind.POD, "p", namespace="ml"))["spec"]["nodeName"] == "n1"
 
 
-async def test_a_pod_changed_after_filter_binds_on_a_fresh_read(start: Any, store: FlakyStore) -> None:
-    """The pod changed between filter and bind (here: a label): the conditional Binding is
-    refused (409), its reservation forgotten, and the bind decided again on the pod as it is
-    now."""
+async def test_a_lagging_watch_costs_a_refused_binding_and_a_read(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod changed and the watch has not delivered it yet (held at the older copy): the
+    conditional Binding is refused (409), its reservation forgotten, and the bind decided
+    again on the pod as read."""
     await add_node(store, payloads.gpunode("n1", gpus=4))
     client = await start()
-    pod = await add_pod(store, payloads.pod("p", gpus=2, tier="LA"))
-    await filtered(client, pod, ["n1"])
+    pod = await add_pod(store, payloads.pod("p", gpus=2))
+    old = await watched(client, pod)
+    inv = client.app[server.INVENTORY]
+    monkeypatch.setattr(inv, "unbound_pod", lambda uid: old if uid == pod["metadata"]["uid"] else None)
     changed = await store.patch(Kind.POD, "p", {"metadata": {"labels": {"team": "ranking"}}}, namespace="ml")
     store.pod_reads = 0
     assert await bind(client, pod) == ""
-    assert store.binding_versions == [pod["metadata"]["resourceVersion"], None]
+    assert store.binding_versions == [old["metadata"]["resourceVersion"], None]
     assert store.pod_reads == 1
+    assert sources(client) == {"watch": 0.0, "read": 0.0, "stale_watch": 1.0}
     stored = await store.get(Kind.POD, "p", namespace="ml")
-    assert stored["spec"]["nodeName"] == "n1"
-    assert stored["metadata"]["labels"]["team"] == "ranking"
-    assert stored["metadata"]["resourceVersion"] != changed["metadata"]["resourceVersion"]
+    assert stored["spec"]["nodeName"] == "n1" and stored["metadata"]["labels"]["team"] == "ranking"
+    assert int(stored["metadata"]["resourceVersion"]) > int(changed["metadata"]["resourceVersion"])
     assert stored["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
-    inv = client.app[server.INVENTORY]
     await eventually(lambda: inv.holding(pod["metadata"]["uid"]) is not None)
     assert inv.claimed_nodes(pod["metadata"]["uid"]) == {"n1"}
 
 
-async def test_a_pod_bound_elsewhere_after_filter_fails_and_frees_its_reservation(
-    start: Any, store: FlakyStore
+async def test_a_pod_bound_elsewhere_behind_the_watch_fails_and_frees_its_reservation(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await add_node(store, payloads.gpunode("n1", gpus=2))
     await add_node(store, payloads.gpunode("n2", gpus=2))
     client = await start()
     pod = await add_pod(store, payloads.pod("p", gpus=2))
-    await filtered(client, pod, ["n1", "n2"])
+    old = await watched(client, pod)
+    inv = client.app[server.INVENTORY]
+    monkeypatch.setattr(inv, "unbound_pod", lambda uid: old if uid == pod["metadata"]["uid"] else None)
     await store.bind("ml", "p", uid=None, node="n2")  # another binder got there first
     store.binding_versions.clear()
     error = await bind(client, pod, "n1")
     assert error == "pod ml/p is already bound to n2"
-    assert store.binding_versions == [pod["metadata"]["resourceVersion"]]  # none after the read
-    inv = client.app[server.INVENTORY]
+    assert store.binding_versions == [old["metadata"]["resourceVersion"]]  # none after the read
     assert inv.reservation(pod["metadata"]["uid"]) is None
     other = await add_pod(store, payloads.pod("q", gpus=2))
     assert await bind(client, other, "n1") == ""  # n1's GPUs were not left reserved
 
 
-async def test_a_copy_is_used_once_only_for_the_pod_and_the_caller_that_sent_it() -> None:
-    pods = ScheduledPods(size=2)
-    pod = payloads.pod("p", gpus=1)
-    pod["metadata"]["resourceVersion"] = "41"
-    uid = pod["metadata"]["uid"]
-    pods.remember(pod, caller=("kube-scheduler",))
-    assert pods.take("ml", "p", uid, caller=("flexlease-agent",)) is None  # another client's
-    assert pods.take("ml", "p", uid) is None  # no certificate
-    assert pods.take("ml", "q", uid, caller=("kube-scheduler",)) is None  # another pod's name
-    assert pods.take("other", "p", uid, caller=("kube-scheduler",)) is None
-    assert pods.take("ml", "p", "", caller=("kube-scheduler",)) is None  # the scheduler sent no uid
-    assert pods.take("ml", "p", uid, caller=("kube-scheduler",)) == (pod, "41")
-    assert pods.take("ml", "p", uid, caller=("kube-scheduler",)) is None  # spent
-    unversioned = payloads.pod("u", gpus=1)
-    unversioned["metadata"].pop("resourceVersion", None)
-    pods.remember(unversioned)
-    assert pods.take("ml", "u", unversioned["metadata"]["uid"]) is None
-    pods.remember(pod)
-    pods.remember(payloads.pod("r", gpus=1))
-    pods.remember(payloads.pod("s", gpus=1))
-    assert pods.take("ml", "p", uid) is None  # the oldest of three, dropped at two
+async def test_what_a_caller_sends_never_stands_in_for_the_pod(start: Any, store: FlakyStore) -> None:
+    """A client that may call /filter sends a forged copy of another scheduler's pod (the
+    right uid and resourceVersion, this scheduler's name, one GPU instead of four): /bind
+    still decides on what the API server holds, and refuses it."""
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    real = payloads.pod("p", gpus=4)
+    real["spec"]["schedulerName"] = "someone-elses-scheduler"
+    pod = await add_pod(store, real)
+    await watched(client, pod)
+    forged = copy.deepcopy(pod)
+    forged["spec"]["schedulerName"] = keys.DEFAULT_SCHEDULER_NAME
+    forged["spec"]["containers"][0]["resources"]["limits"][keys.DEFAULT_GPU_RESOURCE] = "1"
+    forged["spec"]["containers"][0]["resources"]["requests"] = {keys.DEFAULT_GPU_RESOURCE: "1"}
+    await post(client, "filter", payloads.extender_args(forged, ["n1"]))
+    error = await bind(client, pod)
+    assert "someone-elses-scheduler" in error
+    stored = await store.get(Kind.POD, "p", namespace="ml")
+    assert not stored["spec"].get("nodeName") and store.binds == 0

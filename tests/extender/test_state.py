@@ -314,3 +314,28 @@ def test_our_own_bind_in_flight_is_not_released_while_its_reservation_lives() ->
     clock.now += 100
     assert holders_of(inv, "n2")[0] == "u-a"
     assert inv.stats.claims_released == 0
+
+
+def test_the_pod_watchs_copy_of_each_unbound_pod() -> None:
+    """:meth:`Inventory.unbound_pod`: the object last delivered for a live pod not bound to a
+    node — after a list, an update, and gone once bound, terminated or deleted."""
+    inv = inventory()
+    a, b = payloads.pod("a", uid="uid-a"), payloads.pod("b", uid="uid-b")
+    inv.replace_pods([a, b])
+    assert inv.unbound_pod("uid-a") is a and inv.unbound_pod("uid-b") is b
+    a2 = {**a, "metadata": {**a["metadata"], "resourceVersion": "99"}}
+    inv.apply_pod_event(WatchEvent(EventType.MODIFIED, a2))
+    assert inv.unbound_pod("uid-a") is a2
+    inv.apply_pod_event(WatchEvent(EventType.MODIFIED, {**a2, "spec": {**a2["spec"], "nodeName": "n1"}}))
+    assert inv.unbound_pod("uid-a") is None
+    inv.apply_pod_event(WatchEvent(EventType.MODIFIED, {**b, "status": {"phase": "Failed"}}))
+    assert inv.unbound_pod("uid-b") is None
+    c = payloads.pod("c", uid="uid-c")
+    inv.apply_pod_event(WatchEvent(EventType.ADDED, c))
+    inv.apply_pod_event(WatchEvent(EventType.DELETED, c))
+    assert inv.unbound_pod("uid-c") is None
+    bad = payloads.pod("d", uid="uid-d", priority="High")  # malformed flexlease label
+    inv.apply_pod_event(WatchEvent(EventType.ADDED, bad))
+    assert inv.unbound_pod("uid-d") is None
+    inv.replace_pods([])
+    assert inv.unbound_pod("uid-b") is None and inv.unbound_pod("uid-a") is None

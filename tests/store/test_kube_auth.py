@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -193,10 +194,12 @@ async def test_no_usable_configuration_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def tunnelling_proxy() -> AsyncIterator[tuple[str, list[str]]]:
-    """An HTTP forward proxy on 127.0.0.1 that tunnels ``CONNECT host:port`` requests (RFC 9110
-    §9.3.6: ``200`` then bytes both ways, as for any HTTPS target) and answers anything else
-    ``405``. Records each request line with its ``Proxy-Authorization`` (``-`` when none)."""
+async def forward_proxy() -> AsyncIterator[tuple[str, list[str]]]:
+    """An HTTP forward proxy on 127.0.0.1, as squid or tinyproxy behave for one client: it
+    tunnels ``CONNECT host:port`` (RFC 9110 §9.3.6: ``200``, then bytes both ways, as for any
+    HTTPS target) and relays an absolute-form request (``GET http://host:port/path``, RFC 9112
+    §3.2.2) to its origin, one request per connection. Records each request line with its
+    ``Proxy-Authorization`` (``-`` when none)."""
     seen: list[str] = []
 
     async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
@@ -209,17 +212,27 @@ async def tunnelling_proxy() -> AsyncIterator[tuple[str, list[str]]]:
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-        method, target, _ = head[0].split(" ", 2)
-        fields = dict(line.split(":", 1) for line in head[1:] if line)
-        auth = {k.strip().lower(): v.strip() for k, v in fields.items()}.get("proxy-authorization", "-")
-        seen.append(f"{method} {target} {auth}")
-        if method != "CONNECT":
-            writer.write(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
-            writer.close()
-            return
-        host, port = target.rsplit(":", 1)
-        upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
-        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        method, target, version = head[0].split(" ", 2)
+        fields = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in head[1:] if line)}
+        seen.append(f"{method} {target} {fields.get('proxy-authorization', '-')}")
+        if method == "CONNECT":
+            host, port = target.rsplit(":", 1)
+            upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        else:  # absolute-form: to the origin in origin-form, without the proxy's own fields
+            url = urlsplit(target)
+            assert url.hostname is not None and url.port is not None
+            upstream_reader, upstream_writer = await asyncio.open_connection(url.hostname, url.port)
+            path = url.path + (f"?{url.query}" if url.query else "")
+            kept = [
+                line for line in head[1:] if line and not line.lower().startswith(("proxy-", "connection"))
+            ]
+            upstream_writer.write(
+                "\r\n".join([f"{method} {path} {version}", *kept, "Connection: close", "", ""]).encode(
+                    "latin-1"
+                )
+            )
+            upstream_writer.write(await reader.readexactly(int(fields.get("content-length", "0"))))
         await asyncio.gather(
             pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True
         )
@@ -259,7 +272,7 @@ async def test_https_proxy_from_the_environment_is_read_once(
     clear_proxy_environment(monkeypatch)
     async with (
         FakeApiServer(token="sa-token", ssl_context=server_tls(pki, client_certs=False)) as api,
-        tunnelling_proxy() as (proxy, seen),
+        forward_proxy() as (proxy, seen),
     ):
         monkeypatch.setenv("HTTPS_PROXY", proxy.replace("http://", "http://ops:s3cret@"))
         store = await in_cluster_store(api, pki, tmp_path)
@@ -280,7 +293,7 @@ async def test_no_proxy_naming_the_api_server_goes_direct(
     clear_proxy_environment(monkeypatch)
     async with (
         FakeApiServer(token="sa-token", ssl_context=server_tls(pki, client_certs=False)) as api,
-        tunnelling_proxy() as (proxy, seen),
+        forward_proxy() as (proxy, seen),
     ):
         monkeypatch.setenv("HTTPS_PROXY", proxy)
         monkeypatch.setenv("NO_PROXY", "10.0.0.0/8,127.0.0.1")
@@ -288,3 +301,31 @@ async def test_no_proxy_naming_the_api_server_goes_direct(
         monkeypatch.delenv("NO_PROXY")
         assert await list_pods(await in_cluster_store(api, pki, tmp_path)) == 0  # now through it
     assert seen == [f"CONNECT {api.url.removeprefix('https://')} -"]
+
+
+async def test_http_proxy_credentials_reach_the_proxy_for_a_plain_http_api_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain-HTTP API server behind ``HTTP_PROXY`` with credentials: each request goes to the
+    proxy in absolute form, carrying ``Proxy-Authorization``."""
+    clear_proxy_environment(monkeypatch)
+    async with FakeApiServer() as api, forward_proxy() as (proxy, seen):
+        monkeypatch.setenv("HTTP_PROXY", proxy.replace("http://", "http://ops:s3cret@"))
+        store = KubeStore.for_host(api.url, StoreSettings(kind="kube"))
+        monkeypatch.delenv("HTTP_PROXY")
+        assert await list_pods(store) == 0
+    basic = "Basic " + base64.b64encode(b"ops:s3cret").decode()
+    assert seen == [f"GET {api.url}/api/v1/pods?limit=500 {basic}"]
+
+
+async def test_a_kubeconfig_proxy_url_wins_over_the_environment(
+    tmp_path: Path, token_api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_proxy_environment(monkeypatch)
+    async with forward_proxy() as (proxy, seen), forward_proxy() as (other, unused):
+        monkeypatch.setenv("HTTP_PROXY", other)
+        path = write_kubeconfig(
+            tmp_path / "config", token_api.url, {"token": "kubeconfig-token"}, {"proxy-url": proxy}
+        )
+        assert await list_pods(await KubeStore.connect(StoreSettings(kind="kube", kubeconfig=path))) == 0
+    assert len(seen) == 1 and seen[0].startswith(f"GET {token_api.url}/api/v1/pods") and unused == []
