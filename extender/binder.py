@@ -11,9 +11,11 @@ only one extender may bind). Follows kube-scheduler's assume → bind → forget
    (409 unless the pod is still that version: ``BindingREST``'s ``GuaranteedUpdate`` with
    ``storage.Preconditions``, pkg/registry/core/pod/storage). When the watch lags — the
    Binding answers 409 — or the copy gives any outcome but success, an admission refusal or
-   a Binding error of unknown outcome (step 4), the bind is decided again on a fresh read:
-   the copy only ever saves the read of a pod that binds, one API call per bind instead of
-   two (``BindOutcome.source`` says which way each bind went);
+   a Binding error other than 409 (step 4 settles those as before), the bind is decided
+   again on a fresh read: the copy only ever saves the read of a pod that binds, one API
+   call per bind instead of two (``BindOutcome.source`` says which way each bind went). The
+   watch holds the pods the store passes it: under ``KubeStore``'s pod filter, GPU pods and
+   pods with ``flexlease.io/`` keys; other pods are read;
 2. take an inventory snapshot, in which the pod's own claim counts as free for it
    (:func:`extender.scheduling.release_own`); keep the pod's existing ``assigned-gpus`` only
    if :func:`extender.scheduling.claim_problem` finds nothing wrong with it (never trusted:
@@ -28,7 +30,7 @@ only one extender may bind). Follows kube-scheduler's assume → bind → forget
    GPUs recorded, or neither — one API write per bind and nothing to undo;
 4. on any failure: forget the reservation, so no phantom reservation survives (a Binding
    that landed although its reply was lost shows up in the watch with its annotations;
-   retried, it answers 409 and is checked: :meth:`Binder._bound_as_asked`).
+   retried, it answers 409 and is checked: :meth:`Binder._binding_failed`).
 
 Binds of one pod are serialised by a per-pod lock. Neighbours: called by
 :mod:`extender.server`; reads :mod:`extender.state`, decides with :mod:`extender.scheduling`,
@@ -41,7 +43,6 @@ import asyncio
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Final
 
 from extender import scheduling
 from extender.admission import BindCheck
@@ -67,12 +68,9 @@ class BindOutcome:
     cause: str = "fits"
     """Bounded metrics label: ``fits`` on success, else why (``no_longer_fits``, ``store_error``...)."""
     source: str = "read"
-    """Bounded metrics label (:data:`SOURCES`): which copy of the pod the bind decided on."""
-
-
-SOURCES: Final = ("watch", "read", "stale_watch")
-"""Where a bind's pod came from: the Pod watch's copy (no read), a read (the watch held no
-unbound copy), a read after the watch's copy did not bind (it lagged, or failed otherwise)."""
+    """Bounded metrics label (:data:`extender.metrics.BIND_POD_SOURCES`): which copy of the pod
+    the bind decided on — ``watch`` (the Pod watch's), ``read`` (the watch held no unbound
+    copy), ``stale_watch`` (a read after the watch's copy did not bind)."""
 
 
 @dataclass(slots=True)
@@ -166,7 +164,7 @@ class Binder:
         """Bind ``pod`` as read (``version`` None) or as the Pod watch's copy at ``version``:
         then the Binding is conditional on that version, and None (decide again on a fresh
         read) replaces every outcome but success, an admission refusal and a Binding error
-        of unknown outcome (:meth:`_binding_failed` settles it)."""
+        other than 409 (failed as before, or settled by :meth:`_binding_failed`)."""
 
         def failed(message: str, *, cause: str) -> BindOutcome | None:
             return None if version is not None else self._fail(key, node, message, cause=cause)
@@ -199,7 +197,7 @@ class Binder:
                 )
             except StoreError as exc:
                 if version is not None and isinstance(exc, Conflict):
-                    return None  # the pod changed since the scheduler's copy (or got bound)
+                    return None  # the pod changed since the watch's copy (or got bound)
                 return self._fail(
                     key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error"
                 )
@@ -276,7 +274,7 @@ class Binder:
             )
         except StoreError as exc:
             if version is not None and isinstance(exc, Conflict):
-                # refused as a whole (the pod changed since the scheduler's copy, or got
+                # refused as a whole (the pod changed since the watch's copy, or got
                 # bound): nothing landed; decide again on a fresh read
                 self._inventory.forget(pod_uid)
                 return None

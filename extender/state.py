@@ -177,6 +177,22 @@ class _Listed:
     pods: bool = False
 
 
+def _bindable_copy(pod: JsonObj) -> JsonObj | None:
+    """``pod`` (a live pod not bound to a node) as :meth:`Inventory.unbound_pod` keeps it: a
+    shallow copy without ``metadata.managedFields`` (often the largest part of a pod, read by
+    no one here), or None when a Binding would be refused anyway (``deletionTimestamp`` set,
+    or ``spec.schedulingGates`` not empty: ``BindingREST``'s checks)."""
+    meta = pod.get("metadata")
+    spec = pod.get("spec")
+    if not isinstance(meta, dict) or meta.get("deletionTimestamp"):
+        return None
+    if isinstance(spec, dict) and spec.get("schedulingGates"):
+        return None
+    if "managedFields" not in meta:
+        return pod
+    return {**pod, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 @dataclass(slots=True)
 class InventoryStats:
     """Counters the metrics module reads: confirmations, expiries, bad objects ignored."""
@@ -225,7 +241,8 @@ class Inventory:
         self._holdings: dict[str, _Holding] = {}
         self._pending_pods: dict[str, JsonObj] = {}
         """uid → the latest object the Pod watch delivered for each live pod not bound to a
-        node (shared with the watch: read-only), for :meth:`unbound_pod`."""
+        node, not being deleted and not scheduling-gated, without its ``managedFields``
+        (:func:`_bindable_copy`), for :meth:`unbound_pod`."""
         self._on_node: dict[str, dict[str, None]] = {}
         self._reservations: dict[str, Reservation] = {}
         self._unbound: dict[str, float] = {}
@@ -374,12 +391,14 @@ class Inventory:
         try:
             req = podapi.parse_pod(obj, self._resource)
         except PodSpecError as exc:
-            self._forget_unbound(obj)
+            self._forget_pending(obj)
             return self._upsert_malformed_pod(obj, exc, critical=critical)
-        if req.uid and req.node_name is None and not req.terminated:
-            self._pending_pods[req.uid] = obj
-        elif req.uid:
-            self._pending_pods.pop(req.uid, None)
+        if req.uid:
+            copy = _bindable_copy(obj) if req.node_name is None and not req.terminated else None
+            if copy is not None:
+                self._pending_pods[req.uid] = copy
+            else:
+                self._pending_pods.pop(req.uid, None)
         uid = req.uid or req.key
         if req.assignment is None or req.terminated:
             self._release(uid)
@@ -397,7 +416,7 @@ class Inventory:
         )
         return self._hold(holding)
 
-    def _forget_unbound(self, obj: JsonObj) -> None:
+    def _forget_pending(self, obj: JsonObj) -> None:
         meta = obj.get("metadata") if isinstance(obj, dict) else None
         uid = meta.get("uid") if isinstance(meta, dict) else None
         if isinstance(uid, str):
@@ -405,9 +424,11 @@ class Inventory:
 
     def unbound_pod(self, uid: str) -> JsonObj | None:
         """The latest object the Pod watch (or list) delivered for pod ``uid`` while it is
-        live and not bound to a node, else None: what the API server sent, at its
-        ``metadata.resourceVersion``, possibly behind the API server by the watch's lag.
-        Shared with the watch: not to be changed."""
+        live, not bound to a node, not being deleted and not scheduling-gated (a Binding
+        would be refused), else None: what the API server sent, at its
+        ``metadata.resourceVersion``, possibly behind the API server by the watch's lag,
+        without ``metadata.managedFields``. Shares its other members with the watch: not to
+        be changed."""
         return self._pending_pods.get(uid)
 
     def _note_critical(self, obj: JsonObj) -> bool:

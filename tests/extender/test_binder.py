@@ -453,7 +453,47 @@ async def test_what_a_caller_sends_never_stands_in_for_the_pod(start: Any, store
     forged["spec"]["containers"][0]["resources"]["limits"][keys.DEFAULT_GPU_RESOURCE] = "1"
     forged["spec"]["containers"][0]["resources"]["requests"] = {keys.DEFAULT_GPU_RESOURCE: "1"}
     await post(client, "filter", payloads.extender_args(forged, ["n1"]))
+    store.pod_reads = 0
     error = await bind(client, pod)
     assert "someone-elses-scheduler" in error
+    assert store.pod_reads == 0 and sources(client)["watch"] == 1.0  # refused on the watch's copy
     stored = await store.get(Kind.POD, "p", namespace="ml")
     assert not stored["spec"].get("nodeName") and store.binds == 0
+
+
+async def test_a_bind_naming_one_pod_with_anothers_uid_binds_neither(start: Any, store: FlakyStore) -> None:
+    """The watch's copy is found by uid but used only for the pod /bind names: p with q's uid
+    is read, and refused for its uid."""
+    await add_node(store, payloads.gpunode("n1", gpus=4))
+    client = await start()
+    p = await add_pod(store, payloads.pod("p", gpus=1))
+    q = await add_pod(store, payloads.pod("q", gpus=1))
+    await watched(client, q)
+    args = {**payloads.binding_args(p, "n1"), "PodUID": q["metadata"]["uid"]}
+    resp = await client.post("/bind", json=args)
+    assert "the scheduler asked to bind" in (await resp.json())["Error"]
+    assert store.binds == 0 and sources(client)["read"] == 1.0
+    for name in ("p", "q"):
+        assert not (await store.get(Kind.POD, name, namespace="ml"))["spec"].get("nodeName")
+
+
+async def test_the_watchs_copy_is_left_as_it_was(start: Any, store: FlakyStore) -> None:
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=2, annotations=payloads.assigned("n1", 0, 1)))
+    held = await watched(client, pod)
+    before = copy.deepcopy(held)
+    assert await bind(client, pod) == ""
+    assert held == before
+
+
+async def test_a_failed_read_is_counted_as_a_read(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=1))
+    monkeypatch.setattr(client.app[server.INVENTORY], "unbound_pod", lambda uid: None)
+    store.fail_get = 1
+    assert "cannot read pod ml/p" in await bind(client, pod)
+    assert sources(client) == {"watch": 0.0, "read": 1.0, "stale_watch": 0.0}

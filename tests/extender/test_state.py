@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -316,26 +317,54 @@ def test_our_own_bind_in_flight_is_not_released_while_its_reservation_lives() ->
     assert inv.stats.claims_released == 0
 
 
+def without_managed_fields(pod: dict[str, Any]) -> dict[str, Any]:
+    return {**pod, "metadata": {k: v for k, v in pod["metadata"].items() if k != "managedFields"}}
+
+
 def test_the_pod_watchs_copy_of_each_unbound_pod() -> None:
     """:meth:`Inventory.unbound_pod`: the object last delivered for a live pod not bound to a
-    node — after a list, an update, and gone once bound, terminated or deleted."""
+    node, without its managedFields — after a list and an update; gone once bound,
+    terminated, deleted, malformed, or missing from the next list."""
     inv = inventory()
     a, b = payloads.pod("a", uid="uid-a"), payloads.pod("b", uid="uid-b")
+    assert "managedFields" in a["metadata"]
     inv.replace_pods([a, b])
-    assert inv.unbound_pod("uid-a") is a and inv.unbound_pod("uid-b") is b
+    assert inv.unbound_pod("uid-a") == without_managed_fields(a)
+    assert inv.unbound_pod("uid-b") == without_managed_fields(b)
+    assert "managedFields" in a["metadata"]  # the watch's object is left as it is
     a2 = {**a, "metadata": {**a["metadata"], "resourceVersion": "99"}}
     inv.apply_pod_event(WatchEvent(EventType.MODIFIED, a2))
-    assert inv.unbound_pod("uid-a") is a2
+    assert inv.unbound_pod("uid-a") == without_managed_fields(a2)
     inv.apply_pod_event(WatchEvent(EventType.MODIFIED, {**a2, "spec": {**a2["spec"], "nodeName": "n1"}}))
     assert inv.unbound_pod("uid-a") is None
     inv.apply_pod_event(WatchEvent(EventType.MODIFIED, {**b, "status": {"phase": "Failed"}}))
     assert inv.unbound_pod("uid-b") is None
     c = payloads.pod("c", uid="uid-c")
     inv.apply_pod_event(WatchEvent(EventType.ADDED, c))
+    assert inv.unbound_pod("uid-c") is not None
     inv.apply_pod_event(WatchEvent(EventType.DELETED, c))
     assert inv.unbound_pod("uid-c") is None
-    bad = payloads.pod("d", uid="uid-d", priority="High")  # malformed flexlease label
-    inv.apply_pod_event(WatchEvent(EventType.ADDED, bad))
+    d = payloads.pod("d", uid="uid-d")
+    inv.apply_pod_event(WatchEvent(EventType.ADDED, d))
+    malformed = payloads.pod("d", uid="uid-d", priority="High")  # a flexlease label gone bad
+    inv.apply_pod_event(WatchEvent(EventType.MODIFIED, malformed))
     assert inv.unbound_pod("uid-d") is None
-    inv.replace_pods([])
-    assert inv.unbound_pod("uid-b") is None and inv.unbound_pod("uid-a") is None
+    e, f = payloads.pod("e", uid="uid-e"), payloads.pod("f", uid="uid-f")
+    inv.replace_pods([e, f])
+    inv.replace_pods([f])  # e is gone from the next list
+    assert inv.unbound_pod("uid-e") is None and inv.unbound_pod("uid-f") is not None
+
+
+def test_no_copy_of_a_pod_a_binding_would_refuse() -> None:
+    """A pod being deleted or still scheduling-gated: the API server refuses its Binding, so
+    the binder reads it rather than spend a Binding on the watch's copy."""
+    inv = inventory()
+    deleting = payloads.pod("a", uid="uid-a")
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-27T10:00:00Z"
+    gated = payloads.pod("b", uid="uid-b")
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    inv.replace_pods([deleting, gated])
+    assert inv.unbound_pod("uid-a") is None and inv.unbound_pod("uid-b") is None
+    ungated = {**gated, "spec": {**gated["spec"], "schedulingGates": []}}
+    inv.apply_pod_event(WatchEvent(EventType.MODIFIED, ungated))
+    assert inv.unbound_pod("uid-b") == without_managed_fields(ungated)
