@@ -169,8 +169,9 @@ class Binder:
         def failed(message: str, *, cause: str) -> BindOutcome | None:
             return None if version is not None else self._fail(key, node, message, cause=cause)
 
+        known = self._inventory.pending_request(pod) if version is not None else None
         try:
-            req = self._pods.parse(pod)
+            req = known if known is not None else self._pods.parse(pod)
         except RequestError as exc:
             return failed(f"pod {key}: {exc}", cause="bad_pod")
         if uid and req.uid and uid != req.uid:

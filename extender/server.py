@@ -311,7 +311,15 @@ def _model(cls: type[_M], body: Any) -> _M:
         raise _Reject(400, "bad_type", f"invalid {cls.__name__}: {problems}") from exc
 
 
+def _request_of(request: web.Request, pod: dict[str, Any]) -> podapi.GpuRequest:
+    """``pod``'s request: the inventory's parse when its Pod watch holds the pod at the same
+    version (:meth:`extender.state.Inventory.pending_request`), else :func:`_parse_pod`."""
+    known = request.app[INVENTORY].pending_request(pod)
+    return known if known is not None else _parse_pod(request, pod)
+
+
 def _parse_pod(request: web.Request, pod: dict[str, Any]) -> podapi.GpuRequest:
+    """``pod`` parsed (:class:`flexlease.api.pod.ParsedPods`); 400 when it is malformed."""
     try:
         return request.app[PODS].parse(pod)
     except RequestError as exc:
@@ -339,7 +347,7 @@ async def filter_verb(request: web.Request) -> web.Response:
     args = await _read_args(request)
     if request.app[ADMISSION].passes_through(request, "filter", args.pod):  # another scheduler's
         return _json(_filter_reply(args, args.candidate_names(), {}, {}))
-    req = _parse_pod(request, args.pod)
+    req = _request_of(request, args.pod)
     names = args.candidate_names()
     if req.count == 0:  # not ours: every candidate passes untouched
         return _json(_filter_reply(args, names, {}, {}))
@@ -423,7 +431,7 @@ async def prioritize_verb(request: web.Request) -> web.Response:
     args = await _read_args(request)
     if request.app[ADMISSION].passes_through(request, "prioritize", args.pod):  # another scheduler's
         return _json([{"Host": n, "Score": 0} for n in args.candidate_names()])
-    req = _parse_pod(request, args.pod)
+    req = _request_of(request, args.pod)
     names = args.candidate_names()
     if req.count == 0 or not request.app[INVENTORY].ready:
         return _json([{"Host": n, "Score": 0} for n in names])
@@ -497,7 +505,7 @@ async def preempt_verb(request: web.Request) -> web.Response:
         return _json(
             wire.ExtenderPreemptionResult(node_name_to_meta_victims=args.victims_by_node()).to_wire()
         )
-    req = _parse_pod(request, args.pod)
+    req = _request_of(request, args.pod)
     proposal = args.victims_by_node()
     if req.count == 0:
         return _json(wire.ExtenderPreemptionResult(node_name_to_meta_victims=proposal).to_wire())

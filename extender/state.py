@@ -239,10 +239,10 @@ class Inventory:
         self._clock = clock
         self._nodes: dict[str, _Node] = {}
         self._holdings: dict[str, _Holding] = {}
-        self._pending_pods: dict[str, JsonObj] = {}
+        self._pending_pods: dict[str, tuple[JsonObj, podapi.GpuRequest]] = {}
         """uid → the latest object the Pod watch delivered for each live pod not bound to a
         node, not being deleted and not scheduling-gated, without its ``managedFields``
-        (:func:`_bindable_copy`), for :meth:`unbound_pod`."""
+        (:func:`_bindable_copy`), and its parse: :meth:`unbound_pod`, :meth:`pending_request`."""
         self._on_node: dict[str, dict[str, None]] = {}
         self._reservations: dict[str, Reservation] = {}
         self._unbound: dict[str, float] = {}
@@ -396,7 +396,7 @@ class Inventory:
         if req.uid:
             copy = _bindable_copy(obj) if req.node_name is None and not req.terminated else None
             if copy is not None:
-                self._pending_pods[req.uid] = copy
+                self._pending_pods[req.uid] = (copy, req)
             else:
                 self._pending_pods.pop(req.uid, None)
         uid = req.uid or req.key
@@ -429,7 +429,24 @@ class Inventory:
         ``metadata.resourceVersion``, possibly behind the API server by the watch's lag,
         without ``metadata.managedFields``. Shares its other members with the watch: not to
         be changed."""
-        return self._pending_pods.get(uid)
+        kept = self._pending_pods.get(uid)
+        return kept[0] if kept is not None else None
+
+    def pending_request(self, pod: JsonObj) -> podapi.GpuRequest | None:
+        """This inventory's parse of ``pod`` when the Pod watch holds it unbound
+        (:meth:`unbound_pod`) at the same ``metadata.uid`` and ``metadata.resourceVersion``,
+        else None. The API server gives one object per version, so that parse is the pod's
+        whatever copy ``pod`` is (kube-scheduler's, which lacks ``managedFields``, or the
+        watch's own), and a copy at the same version that says otherwise was not written by the
+        API server: the parse of what it wrote wins."""
+        meta = pod.get("metadata")
+        if not isinstance(meta, dict):
+            return None
+        uid = meta.get("uid")
+        kept = self._pending_pods.get(uid) if isinstance(uid, str) else None
+        if kept is None or kept[0]["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
+            return None
+        return kept[1]
 
     def _note_critical(self, obj: JsonObj) -> bool:
         """Record whether the pod holds a critical role (coordinator, Ray head, rank 0: WeFlex

@@ -348,6 +348,12 @@ def sources(client: Any) -> dict[str, float]:
     }
 
 
+async def filtered(client: Any, pod: JsonObj, nodes: list[str]) -> JsonObj:
+    """``/filter`` with ``pod`` as a nodeCacheCapable kube-scheduler sends it; the reply."""
+    reply: JsonObj = await post(client, "filter", payloads.extender_args(pod, nodes))
+    return reply
+
+
 async def watched(client: Any, pod: JsonObj) -> JsonObj:
     """The Pod watch's copy of ``pod`` once the extender holds it (unbound)."""
     inv = client.app[server.INVENTORY]
@@ -497,3 +503,22 @@ async def test_a_failed_read_is_counted_as_a_read(
     store.fail_get = 1
     assert "cannot read pod ml/p" in await bind(client, pod)
     assert sources(client) == {"watch": 0.0, "read": 1.0, "stale_watch": 0.0}
+
+
+async def test_filter_answers_for_the_pod_the_api_server_holds_at_that_version(
+    start: Any, store: FlakyStore
+) -> None:
+    """A filter body at the version the Pod watch holds is answered from the watch's parse
+    (what the API server wrote: four GPUs, whatever the body claims); a body at another
+    version (the watch behind) is parsed as it comes."""
+    await add_node(store, payloads.gpunode("n2", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=4))
+    await watched(client, pod)
+    claimed = copy.deepcopy(pod)
+    claimed["spec"]["containers"][0]["resources"]["limits"][keys.DEFAULT_GPU_RESOURCE] = "1"
+    claimed["spec"]["containers"][0]["resources"]["requests"] = {keys.DEFAULT_GPU_RESOURCE: "1"}
+    reply = await filtered(client, claimed, ["n2"])
+    assert reply["NodeNames"] == [] and "n2" in reply["FailedAndUnresolvableNodes"]
+    claimed["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 100)
+    assert (await filtered(client, claimed, ["n2"]))["NodeNames"] == ["n2"]

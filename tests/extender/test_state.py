@@ -368,3 +368,22 @@ def test_no_copy_of_a_pod_a_binding_would_refuse() -> None:
     ungated = {**gated, "spec": {**gated["spec"], "schedulingGates": []}}
     inv.apply_pod_event(WatchEvent(EventType.MODIFIED, ungated))
     assert inv.unbound_pod("uid-b") == without_managed_fields(ungated)
+
+
+def test_the_parse_of_a_pending_pod_at_its_version() -> None:
+    """:meth:`Inventory.pending_request`: the watch's parse for a copy at the same uid and
+    resourceVersion, whatever that copy says; None at another version or once bound."""
+    inv = inventory()
+    a = payloads.pod("a", uid="uid-a", gpus=4)
+    a["metadata"]["resourceVersion"] = "7"
+    inv.replace_pods([a])
+    claimed = payloads.pod("a", uid="uid-a", gpus=1)  # the same version, other contents
+    claimed["metadata"]["resourceVersion"] = "7"
+    req = inv.pending_request(claimed)
+    assert req is not None and req.count == 4 and req.uid == "uid-a"
+    newer = {**claimed, "metadata": {**claimed["metadata"], "resourceVersion": "8"}}
+    assert inv.pending_request(newer) is None
+    assert inv.pending_request(payloads.pod("b", uid="uid-b")) is None
+    assert inv.pending_request({"metadata": "not an object"}) is None
+    inv.apply_pod_event(WatchEvent(EventType.MODIFIED, {**a, "spec": {**a["spec"], "nodeName": "n1"}}))
+    assert inv.pending_request(claimed) is None
