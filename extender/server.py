@@ -9,7 +9,9 @@ managed GPUs passes untouched. ``Error`` in a reply is only for faults; malforme
 answered 400 with a message (not UTF-8 JSON, nested deeper than
 :data:`extender.body.MAX_JSON_DEPTH`, integer literals longer than
 :data:`extender.body.MAX_JSON_INT_DIGITS`, a corrupt ``Content-Encoding``,
-wrong types in any field the extender reads), an unknown verb 404, a body over
+wrong types in any field the extender reads; a pod the Pod watch holds at the body's uid and
+``resourceVersion`` is answered from the watch's parse, whatever the body says:
+:meth:`extender.state.Inventory.pending_request`), an unknown verb 404, a body over
 ``extender.max_body_bytes`` 413, anything unexpected a logged 500; a client that hangs up
 mid-body is logged at debug. A pod's own GPU claim (an interrupted bind of it) counts as
 free for that pod in every verb.
@@ -315,6 +317,9 @@ def _request_of(request: web.Request, pod: dict[str, Any]) -> podapi.GpuRequest:
     """``pod``'s request: the inventory's parse when its Pod watch holds the pod at the same
     version (:meth:`extender.state.Inventory.pending_request`), else :func:`_parse_pod`."""
     known = request.app[INVENTORY].pending_request(pod)
+    # (Admission.passes_through still reads the body's schedulerName: a body claiming another
+    # scheduler only gets the answer for a pod without managed GPUs, and /bind checks the
+    # watch's copy.)
     return known if known is not None else _parse_pod(request, pod)
 
 

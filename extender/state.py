@@ -442,9 +442,11 @@ class Inventory:
         meta = pod.get("metadata")
         if not isinstance(meta, dict):
             return None
-        uid = meta.get("uid")
-        kept = self._pending_pods.get(uid) if isinstance(uid, str) else None
-        if kept is None or kept[0]["metadata"].get("resourceVersion") != meta.get("resourceVersion"):
+        uid, version = meta.get("uid"), meta.get("resourceVersion")
+        if not isinstance(uid, str) or not isinstance(version, str) or not version:
+            return None  # no version to match: parse what came in
+        kept = self._pending_pods.get(uid)
+        if kept is None or kept[0]["metadata"].get("resourceVersion") != version:
             return None
         return kept[1]
 

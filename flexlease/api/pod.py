@@ -336,9 +336,12 @@ def salvage_assignment(pod: Any) -> Assignment | None:
 class ParsedPods:
     """:func:`parse_pod` for ``resource``, remembering the last ``size`` pods parsed.
 
-    Kube-scheduler sends one pod to filter and prioritize, and the binder reads the same
-    version back from the API server: each would parse it again. An entry is keyed by the
-    pod's ``metadata.uid`` and ``metadata.resourceVersion`` (which the API server changes on
+    Kube-scheduler sends one pod to filter and prioritize, and the binder may read the same
+    version back from the API server: each would parse it again. (The extender answers pods
+    its Pod watch holds at the same version from the watch's parse instead:
+    ``extender.state.Inventory.pending_request``; this cache serves the others and the reads.)
+    An entry is keyed by the pod's ``metadata.uid`` and ``metadata.resourceVersion`` (which the
+    API server changes on
     every write) and is used only when the pod is also the same JSON value, compared as
     its compact JSON encoding (so ``1``, ``1.0`` and ``true`` stay different): a pod that
     differs in anything gets its own parse, and errors are never cached (each bad pod is

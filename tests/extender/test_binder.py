@@ -522,3 +522,28 @@ async def test_filter_answers_for_the_pod_the_api_server_holds_at_that_version(
     assert reply["NodeNames"] == [] and "n2" in reply["FailedAndUnresolvableNodes"]
     claimed["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 100)
     assert (await filtered(client, claimed, ["n2"]))["NodeNames"] == ["n2"]
+
+
+async def test_an_honest_body_at_the_watchs_version_is_not_parsed_again(
+    start: Any, store: FlakyStore
+) -> None:
+    """Filter, prioritize and preempt take the watch's parse: the shared parse cache sees
+    nothing; a body the watch does not hold at that version is parsed (and a malformed one
+    answered 400), while a malformed body at the watch's version is answered for the pod."""
+    await add_node(store, payloads.gpunode("n1", gpus=4))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=2))
+    await watched(client, pod)
+    pods = client.app[server.PODS]
+    misses, hits = pods.misses, pods.hits
+    assert (await filtered(client, pod, ["n1"]))["NodeNames"] == ["n1"]
+    scores = await post(client, "prioritize", payloads.extender_args(pod, ["n1"]))
+    assert [s["Host"] for s in scores] == ["n1"]
+    await post(client, "preempt", payloads.preemption_args(pod, {}))
+    assert (pods.misses, pods.hits) == (misses, hits)
+    bad = copy.deepcopy(pod)
+    bad["metadata"]["labels"][keys.LABEL_PRIORITY] = "High"
+    assert (await filtered(client, bad, ["n1"]))["NodeNames"] == ["n1"]  # the API server's pod
+    bad["metadata"]["resourceVersion"] = "999999"
+    resp = await client.post("/filter", json=payloads.extender_args(bad, ["n1"]))
+    assert resp.status == 400 and "priority" in (await resp.json())["Error"]

@@ -385,5 +385,10 @@ def test_the_parse_of_a_pending_pod_at_its_version() -> None:
     assert inv.pending_request(newer) is None
     assert inv.pending_request(payloads.pod("b", uid="uid-b")) is None
     assert inv.pending_request({"metadata": "not an object"}) is None
+    unversioned = {
+        **claimed,
+        "metadata": {k: v for k, v in claimed["metadata"].items() if k != "resourceVersion"},
+    }
+    assert inv.pending_request(unversioned) is None
     inv.apply_pod_event(WatchEvent(EventType.MODIFIED, {**a, "spec": {**a["spec"], "nodeName": "n1"}}))
     assert inv.pending_request(claimed) is None
