@@ -68,7 +68,7 @@ class BindOutcome:
     cause: str = "fits"
     """Bounded metrics label: ``fits`` on success, else why (``no_longer_fits``, ``store_error``...)."""
     source: str = "read"
-    """Bounded metrics label (:data:`extender.metrics.BIND_POD_SOURCES`): which copy of the pod
+    """Bounded metrics label (:data:`extender.metrics.POD_SOURCES`): which copy of the pod
     the bind decided on — ``watch`` (the Pod watch's), ``read`` (the watch held no unbound
     copy), ``stale_watch`` (a read after the watch's copy did not bind)."""
 
@@ -93,13 +93,7 @@ class Binder:
         self._locks: dict[str, _PodLock] = {}
 
     async def bind(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        uid: str,
-        node: str,
-        check: BindCheck | None = None,
+        self, namespace: str, name: str, *, uid: str, node: str, check: BindCheck | None = None
     ) -> BindOutcome:
         """Bind pod ``namespace/name`` (``uid`` as the scheduler saw it; empty = unchecked) to
         ``node``. ``check`` (:mod:`extender.admission`) may refuse the pod as read from the
@@ -119,13 +113,7 @@ class Binder:
                 del self._locks[key]
 
     async def _bind_locked(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        uid: str,
-        node: str,
-        check: BindCheck | None,
+        self, namespace: str, name: str, *, uid: str, node: str, check: BindCheck | None
     ) -> BindOutcome:
         key = f"{namespace}/{name}"
         source = "read"

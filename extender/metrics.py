@@ -45,8 +45,8 @@ LATENCY_BUCKETS: Final = (
 REQUEST_SECONDS: Final = "flexlease_extender_request_duration_seconds"
 DECISIONS: Final = "flexlease_extender_decisions"
 BAD_REQUESTS: Final = "flexlease_extender_bad_requests"
-BIND_SOURCES: Final = "flexlease_extender_bind_pod_sources"
-BIND_POD_SOURCES: Final = ("watch", "read", "stale_watch")
+BIND_POD_SOURCES: Final = "flexlease_extender_bind_pod_sources"
+POD_SOURCES: Final = ("watch", "read", "stale_watch")
 """``source`` label values of ``bind_pod_sources_total`` (:attr:`extender.binder.BindOutcome.source`)."""
 GPUS: Final = "flexlease_extender_gpus"
 
@@ -81,7 +81,7 @@ class ExtenderMetrics:
             registry=registry,
         )
         self.bind_sources = Counter(
-            BIND_SOURCES,
+            BIND_POD_SOURCES,
             "Binds by the copy of the pod they decided on: watch (the Pod watch's copy), read "
             "(the pod read from the API server), stale_watch (read after the watch's copy did not bind).",
             ["source"],
@@ -91,7 +91,7 @@ class ExtenderMetrics:
         """``request_seconds`` children by verb and status code."""
         for verb in VERBS:
             self.request_seconds.labels(verb, "200")
-        for source in BIND_POD_SOURCES:
+        for source in POD_SOURCES:
             self.bind_sources.labels(source)
         for outcome, cause in (
             ("success", Cause.FITS),

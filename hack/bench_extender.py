@@ -479,8 +479,9 @@ async def _server(
         urls.append(f"http://{host}:{port}")
     inv = app[extserver.INVENTORY]
     # ready, and every watch (the extender's, the lease controller's) applied the last write of
-    # its kind (polling: nothing to wait on)
-    while not inv.ready or not _applied(store, inv.summary(), args):  # noqa: ASYNC110
+    # its kind (polling: nothing to wait on). The API server's lists, made after the load, hold
+    # the whole cluster: ready is enough there (the lease controller's mirrors not waited for).
+    while not inv.ready or (isinstance(store, MemoryStore) and not store.idle):  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     while not args.no_gc_policy and not gc.get_freeze_count():  # noqa: ASYNC110
         await asyncio.sleep(0.05)  # the extender's policy froze the listed inventory
@@ -533,16 +534,6 @@ async def _server(
     for runner in runners:
         await runner.cleanup()
     await store.close()
-
-
-def _applied(store: MemoryStore | KubeStore, summary: dict[str, int], args: argparse.Namespace) -> bool:
-    """Whether the watches have applied the loaded cluster: the store's own account for the
-    in-process store; for the API server, the extender's inventory holding every node and
-    running pod (the lease controller's mirrors, with ``--lease-controller``, are not waited for)."""
-    if isinstance(store, MemoryStore):
-        return store.idle
-    nodes, pods = int(args.nodes), int(args.pods)
-    return summary["nodes"] == nodes and summary["pods"] >= pods
 
 
 def apiserver_main(conn: Connection, cpu: int) -> None:

@@ -362,6 +362,15 @@ async def watched(client: Any, pod: JsonObj) -> JsonObj:
     return copy
 
 
+async def watch_held_back(client: Any, pod: JsonObj, monkeypatch: pytest.MonkeyPatch) -> JsonObj:
+    """The watch's copy of ``pod`` now, which the binder keeps getting after later changes
+    (a lagging watch); returned."""
+    old = await watched(client, pod)
+    uid = pod["metadata"]["uid"]
+    monkeypatch.setattr(client.app[server.INVENTORY], "unbound_pod", lambda u: old if u == uid else None)
+    return old
+
+
 async def test_a_bind_decides_on_the_watchs_copy_and_binds_on_its_version(
     start: Any, store: FlakyStore
 ) -> None:
@@ -407,9 +416,8 @@ async def test_a_lagging_watch_costs_a_refused_binding_and_a_read(
     await add_node(store, payloads.gpunode("n1", gpus=4))
     client = await start()
     pod = await add_pod(store, payloads.pod("p", gpus=2))
-    old = await watched(client, pod)
+    old = await watch_held_back(client, pod, monkeypatch)
     inv = client.app[server.INVENTORY]
-    monkeypatch.setattr(inv, "unbound_pod", lambda uid: old if uid == pod["metadata"]["uid"] else None)
     changed = await store.patch(Kind.POD, "p", {"metadata": {"labels": {"team": "ranking"}}}, namespace="ml")
     store.pod_reads = 0
     assert await bind(client, pod) == ""
@@ -431,9 +439,8 @@ async def test_a_pod_bound_elsewhere_behind_the_watch_fails_and_frees_its_reserv
     await add_node(store, payloads.gpunode("n2", gpus=2))
     client = await start()
     pod = await add_pod(store, payloads.pod("p", gpus=2))
-    old = await watched(client, pod)
+    old = await watch_held_back(client, pod, monkeypatch)
     inv = client.app[server.INVENTORY]
-    monkeypatch.setattr(inv, "unbound_pod", lambda uid: old if uid == pod["metadata"]["uid"] else None)
     await store.bind("ml", "p", uid=None, node="n2")  # another binder got there first
     store.binding_versions.clear()
     error = await bind(client, pod, "n1")
