@@ -6,9 +6,9 @@ decoder (:mod:`json` with an integer-length hook) accepts, within :data:`MAX_JSO
 and :data:`MAX_JSON_INT_DIGITS`, and raises :class:`BodyError` (a 400 for the server)
 otherwise. :class:`ExtenderArgsDecoder` serves ``/filter`` and ``/prioritize``: kube-scheduler
 sends the same pod to both and, with ``nodeCacheCapable``, mostly the same ``NodeNames``
-list cycle after cycle, so it splits the envelope with ``msgspec`` (the pod and the node
-list kept as raw JSON, unparsed) and decodes each part only when its bytes differ from a
-recent request's. A node list it must decode comes out as the filter cache's own name
+list cycle after cycle, so it splits the envelope (at its tail as Go's encoding/json writes
+it, :func:`_split`; else with ``msgspec``; the pod and the node list kept as raw JSON,
+unparsed) and decodes each part only when its bytes differ from a recent request's. A node list it must decode comes out as the filter cache's own name
 strings (:meth:`ExtenderArgsDecoder.intern`) when every name is known. Anything not in that
 exact shape goes the general way, so replies and errors do not depend on which path a body
 took.
@@ -32,6 +32,8 @@ from typing import Annotated, Any, Final, Literal, cast
 
 import msgspec
 import orjson
+
+from flexlease.jsontext import has_long_digits
 
 MAX_JSON_DEPTH: Final = 100
 """Deepest nesting of objects and arrays accepted in a request body. Pods, NodeLists and
@@ -62,22 +64,8 @@ _REFERENCE: Final = json.JSONDecoder(parse_int=_json_int)
 """The reference decoder (built once: ``json.loads`` with a hook would build one per call).
 Bodies go through :func:`orjson.loads` first (several times faster); a body it refuses
 (``NaN``, lone surrogates), and one that may hold an integer outside 64 bits, is decoded
-here instead, so both accept exactly what this one accepts and errors read the same."""
-
-LONG_DIGITS: Final = 19
-"""Digits in a row from which a text may hold an integer outside int64/uint64, which orjson
-reads as a float (silently, in every version), so the reference decoder reads it instead.
-Digit runs inside strings only cost the slower decoder."""
-_DIGITS_AS_ZERO: Final = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
-"""A :meth:`bytes.translate` table: every ASCII digit to ``0``, every other byte to a space."""
-_DIGIT_RUN: Final = b"0" * LONG_DIGITS
-
-
-def has_long_digits(text: bytes) -> bool:
-    """Whether ``text`` holds :data:`LONG_DIGITS` ASCII digits in a row. Two C passes (a
-    byte translation and a substring search), about ten times faster than the regular
-    expression ``[0-9]{19}`` that gives the same answer (tested against it)."""
-    return _DIGIT_RUN in text.translate(_DIGITS_AS_ZERO)
+here instead, so both accept exactly what this one accepts and errors read the same
+(:func:`flexlease.jsontext.has_long_digits`)."""
 
 
 def json_depth(obj: Any, *, stop_above: int | None = None) -> int:
@@ -178,6 +166,24 @@ class CandidateArgs:
         return list(self.node_names)
 
 
+def _split(raw: bytes) -> tuple[bytes, bytes] | None:
+    """(the pod's text, the ``NodeNames`` text) when ``raw`` reads ``{"Pod":`` text
+    ``,"Nodes":null,"NodeNames":`` text ``}``, split at the last such tail, else None. Go's
+    encoding/json writes ``ExtenderArgs`` so (no spaces, fields in declaration order), and
+    ``NodeNames`` (an array of strings, whose quotes inside are escaped) cannot hold the tail,
+    so the last one is the envelope's own. The split stands only when both parts decode on
+    their own, the pod as a JSON object (:meth:`ExtenderArgsDecoder._pod`) and the list as
+    an array of strings (:meth:`ExtenderArgsDecoder._names`): then the body is exactly that
+    object with those three members, by JSON's unambiguous grammar. Unlike the ``msgspec``
+    envelope it does not scan the pod to find where it ends (a skip over every byte)."""
+    if not raw.startswith(_HEAD) or not raw.endswith(b"]}"):
+        return None
+    at = raw.rfind(_TAIL)
+    if at <= len(_HEAD):
+        return None
+    return raw[len(_HEAD) : at], raw[at + len(_TAIL) : -1]
+
+
 class ExtenderArgsDecoder:
     """Decode ``ExtenderArgs`` bodies, reusing the pods and node lists of recent requests.
 
@@ -227,6 +233,12 @@ class ExtenderArgsDecoder:
             pod = self._pod(known[0])
             if pod is not None:
                 return CandidateArgs(pod, known[1])
+        split = _split(raw)
+        if split is not None:
+            names = self._names(split[1])
+            pod = self._pod(split[0]) if names is not None else None
+            if names is not None and pod is not None:
+                return CandidateArgs(pod, names)
         try:
             envelope = _ENVELOPE.decode(raw)
         except (msgspec.MsgspecError, RecursionError):  # too deep even to skip: the general way

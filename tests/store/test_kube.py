@@ -256,6 +256,55 @@ async def test_http_failures_map_to_flexlease_errors_with_the_cause(api: FakeApi
         assert no_namespace.value.status == 400
 
 
+@contextlib.asynccontextmanager
+async def _answering(status: int, body: bytes) -> AsyncIterator[KubeStore]:
+    """A KubeStore whose API server answers every request with ``status`` and ``body``."""
+
+    async def answer(request: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.Response(status=status, body=body, content_type="application/json")
+
+    app = aiohttp.web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    store = KubeStore.for_host(f"http://127.0.0.1:{port}", SETTINGS)
+    try:
+        yield store
+    finally:
+        await store.close()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [
+        (200, b"<html>proxy error</html>", "the response is not JSON"),
+        (200, b"[1, 2]", "expected a JSON object, got list"),
+        (204, b"", "expected a JSON object"),
+        (200, b"", "the response is not JSON"),
+    ],
+)
+async def test_a_response_that_is_not_a_json_object_is_a_store_error(
+    status: int, body: bytes, message: str
+) -> None:
+    async with _answering(status, body) as store:
+        with pytest.raises(StoreError, match=message):
+            await store.get(Kind.POD, "p", namespace=NS)
+
+
+async def test_responses_are_read_as_json_reads_them() -> None:
+    """Integers beyond 64 bits stay integers (orjson alone reads them as floats); a response
+    orjson refuses (NaN) is read as json reads it."""
+    text = b'{"metadata": {"name": "p", "generation": 123456789012345678901234}, "spec": {"x": NaN}}'
+    async with _answering(200, text) as store:
+        got = await store.get(Kind.POD, "p", namespace=NS)
+    assert got["metadata"]["generation"] == 123456789012345678901234
+    assert json.dumps(got["spec"]) == '{"x": NaN}'
+
+
 async def test_pod_disruption_budget_refusal_is_too_many_requests(api: FakeApiServer) -> None:
     api.put(replicaset_pod("a", namespace=NS, labels={"role": "worker"}))
     api.put(replicaset_pod("b", namespace=NS, labels={"role": "worker"}))
