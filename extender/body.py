@@ -6,12 +6,12 @@ decoder (:mod:`json` with an integer-length hook) accepts, within :data:`MAX_JSO
 and :data:`MAX_JSON_INT_DIGITS`, and raises :class:`BodyError` (a 400 for the server)
 otherwise. :class:`ExtenderArgsDecoder` serves ``/filter`` and ``/prioritize``: kube-scheduler
 sends the same pod to both and, with ``nodeCacheCapable``, mostly the same ``NodeNames``
-list cycle after cycle, so it splits the envelope (at its tail as Go's encoding/json writes
-it, :func:`_split`; else with ``msgspec``; the pod and the node list kept as raw JSON,
-unparsed) and decodes each part only when its bytes differ from a recent request's. A node list it must decode comes out as the filter cache's own name
-strings (:meth:`ExtenderArgsDecoder.intern`) when every name is known. Anything not in that
-exact shape goes the general way, so replies and errors do not depend on which path a body
-took.
+list cycle after cycle, so it splits the envelope at its tail, as Go's encoding/json writes
+it (:func:`_split`: the pod and the node list kept as raw JSON, unparsed), and decodes each
+part only when its bytes differ from a recent request's. A node list it must decode comes
+out as the filter cache's own name strings (:meth:`ExtenderArgsDecoder.intern`) when every
+name is known. Anything not in that exact shape goes the general way, so replies and errors
+do not depend on which path a body took.
 
 :func:`decode_binding_args` is the same idea for ``/bind``'s ``ExtenderBindingArgs``: four
 strings, decoded and checked by ``msgspec`` in one pass into a struct instead of the general
@@ -123,16 +123,6 @@ def decode(raw: bytes) -> Any:
     return value
 
 
-class _Envelope(msgspec.Struct):
-    """``ExtenderArgs`` exactly as kube-scheduler's encoding/json writes it with
-    ``nodeCacheCapable: true``: Go field names, ``Nodes`` null, parts kept unparsed."""
-
-    Pod: msgspec.Raw
-    NodeNames: msgspec.Raw
-    Nodes: msgspec.Raw | None = None
-
-
-_ENVELOPE: Final = msgspec.json.Decoder(_Envelope)
 _HEAD: Final = b'{"Pod":'
 _TAIL: Final = b',"Nodes":null,"NodeNames":'
 """The envelope around the pod and the node list, as encoding/json writes it."""
@@ -174,8 +164,11 @@ def _split(raw: bytes) -> tuple[bytes, bytes] | None:
     so the last one is the envelope's own. The split stands only when both parts decode on
     their own, the pod as a JSON object (:meth:`ExtenderArgsDecoder._pod`) and the list as
     an array of strings (:meth:`ExtenderArgsDecoder._names`): then the body is exactly that
-    object with those three members, by JSON's unambiguous grammar. Unlike the ``msgspec``
-    envelope it does not scan the pod to find where it ends (a skip over every byte)."""
+    object with those three members, by JSON's unambiguous grammar. (A ``msgspec`` struct
+    of raw members, used before, also scanned every byte of the pod to find its end, and
+    answered bodies the general path refuses: unknown members, which the general path
+    matches to fields case-insensitively as Go does, and a member given twice whose first
+    value holds a too-long integer.)"""
     if not raw.startswith(_HEAD) or not raw.endswith(b"]}"):
         return None
     at = raw.rfind(_TAIL)
@@ -234,20 +227,13 @@ class ExtenderArgsDecoder:
             if pod is not None:
                 return CandidateArgs(pod, known[1])
         split = _split(raw)
-        if split is not None:
-            names = self._names(split[1])
-            pod = self._pod(split[0]) if names is not None else None
-            if names is not None and pod is not None:
-                return CandidateArgs(pod, names)
-        try:
-            envelope = _ENVELOPE.decode(raw)
-        except (msgspec.MsgspecError, RecursionError):  # too deep even to skip: the general way
+        if split is None:
             return None
-        if envelope.Nodes is not None:
+        pod = self._pod(split[0])
+        if pod is None:
             return None
-        names = self._names(bytes(envelope.NodeNames))
-        pod = self._pod(bytes(envelope.Pod))
-        if names is None or pod is None:
+        names = self._names(split[1])
+        if names is None:
             return None
         return CandidateArgs(pod, names)
 
@@ -296,12 +282,12 @@ class ExtenderArgsDecoder:
         names = None
         if self._interned is not None:
             # the interned strings themselves, when every name is one of them
-            with contextlib.suppress(msgspec.MsgspecError):
+            with contextlib.suppress(msgspec.MsgspecError, UnicodeDecodeError):
                 names = self._interned[1].decode(text)
         if names is None:
             try:
                 names = _NAMES.decode(text)
-            except msgspec.MsgspecError:  # null, or not a list of strings: the general way
+            except (msgspec.MsgspecError, UnicodeDecodeError):  # not a list of strings: the general way
                 return None
         self.misses += 1
         self._lists[text] = names

@@ -7,7 +7,6 @@ import json
 import re
 from typing import Any
 
-import msgspec
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -91,19 +90,34 @@ def test_a_body_ending_in_a_kept_list_is_split_at_the_envelope() -> None:
         assert decoder.decode(raw) is None
 
 
-def test_a_new_list_is_split_at_the_last_tail_without_the_envelope_decoder(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_new_list_is_split_at_the_last_tail() -> None:
     """kube-scheduler's body with a list not seen before is split at its last
-    ``,"Nodes":null,"NodeNames":`` (no msgspec pass over the pod), also when the pod's text
-    holds that tail itself."""
-    monkeypatch.setattr(body, "_ENVELOPE", msgspec.json.Decoder(int))  # would refuse every body
+    ``,"Nodes":null,"NodeNames":``, also when the pod holds those very members."""
     names = [f"gpu-{i:04d}" for i in range(50)]
-    tricky = {"metadata": {"name": ',"Nodes":null,"NodeNames":' + json.dumps(names, separators=(",", ":"))}}
-    for pod in ({"metadata": {"name": "a"}}, tricky):
-        raw = _envelope(pod, names[::-1], compact=True)
+    text = json.dumps(names, separators=(",", ":"))
+    tricky = b'{"x":1,"Nodes":null,"NodeNames":' + text.encode() + b"}"
+    for pod in (b'{"metadata":{"name":"a"}}', tricky):
+        raw = b'{"Pod":' + pod + b',"Nodes":null,"NodeNames":' + json.dumps(names[::-1]).encode() + b"}"
+        assert raw.count(b',"Nodes":null,"NodeNames":') == (2 if pod is tricky else 1)
         args = body.ExtenderArgsDecoder().decode(raw)
         assert args is not None and _members(args) == _members(_general(raw))
+        assert args.node_names == names[::-1] and args.pod == json.loads(pod)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"Xod":{},"Nodes":null,"NodeNames":["a"]}',  # not the pod's member
+        b'{"Pod":{},"Nodes":null,"NodeNames":["a"]} ',  # not where Go's encoder ends
+        b'{"Pod": {}, "Nodes": null, "NodeNames": ["a"]}',  # not compact
+        b'{"Pod":{},"NodeNames":["a"],"Nodes":null}',  # not in Go's field order
+        b'{"Pod":{},"Nodes":null,"NodeNames":["\xff"]}',  # a name that is not UTF-8
+        b'{"Pod":{"a":NaN},"Nodes":null,"NodeNames":["a"]}',  # a pod orjson refuses
+        b'{"Pod":{},"Nodes":null,"NodeNames":["a"],"nodenames":["b"]}',  # a member more
+    ],
+)
+def test_a_body_not_exactly_as_kube_scheduler_writes_it_goes_the_general_way(raw: bytes) -> None:
+    assert body.ExtenderArgsDecoder().decode(raw) is None
 
 
 _PIECES = st.sampled_from(
@@ -141,12 +155,14 @@ def test_a_body_pieced_from_envelope_fragments_decodes_as_json_says_or_goes_the_
 def test_a_real_filter_body_reuses_the_pod_and_the_node_list() -> None:
     pod = payloads.pod("train-0", gpus=2, priority="high", owner="job-a", tier="HA")
     names = [f"gpu-{i:04d}" for i in range(1250)]
-    raw = json.dumps(payloads.extender_args(pod, names)).encode()
+    raw = json.dumps(payloads.extender_args(pod, names), separators=(",", ":")).encode()  # as Go writes it
     decoder = body.ExtenderArgsDecoder()
     first = decoder.decode(raw)
     assert first is not None and (decoder.hits, decoder.misses) == (0, 2)
     # prioritize: the same pod, fewer nodes
-    second = decoder.decode(json.dumps(payloads.extender_args(pod, names[:3])).encode())
+    second = decoder.decode(
+        json.dumps(payloads.extender_args(pod, names[:3]), separators=(",", ":")).encode()
+    )
     assert second is not None and second.pod is first.pod and second.node_names == names[:3]
     third = decoder.decode(raw)
     assert third is not None and third.node_names is first.node_names

@@ -468,6 +468,10 @@ async def test_preempt_drops_nodes_where_eviction_cannot_help(start: Any, store:
         ("score", b"{}", 404, "unknown path"),
         ("filter/extra", b"{}", 404, "unknown path"),
         ("filter", b"\xff\xfe", 400, "malformed JSON"),
+        # kube-scheduler's compact envelope with a name that is not UTF-8 (msgspec raises
+        # UnicodeDecodeError, not its own error: once a 500)
+        ("filter", b'{"Pod":{},"Nodes":null,"NodeNames":["\xff"]}', 400, "malformed JSON"),
+        ("prioritize", b'{"Pod":{"a":NaN},"Nodes":null,"NodeNames":["\xff"]}', 400, "malformed JSON"),
     ],
 )
 async def test_bad_input_gets_a_clear_answer_and_the_server_keeps_serving(

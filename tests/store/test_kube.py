@@ -17,11 +17,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from flexlease.config import StoreSettings
 from flexlease.errors import Conflict, Gone, NotFound, StoreError, TooManyRequests
+from flexlease.store import kube as kube_module
 from flexlease.store.base import EventType, JsonObj, Kind, Selector, Store, WatchEvent
 from flexlease.store.informer import Backoff as InformerBackoff
 from flexlease.store.informer import Informer, object_key
 from flexlease.store.kube import Backoff, KubeStore
 from flexlease.store.kube_filter import ManagedPods
+from flexlease.store.kube_resources import RESOURCES
 from standins.apiserver import FakeApiServer, Recorded
 from tests.extender import payloads
 from tests.store.contract import (
@@ -257,11 +259,16 @@ async def test_http_failures_map_to_flexlease_errors_with_the_cause(api: FakeApi
 
 
 @contextlib.asynccontextmanager
-async def _answering(status: int, body: bytes) -> AsyncIterator[KubeStore]:
-    """A KubeStore whose API server answers every request with ``status`` and ``body``."""
+async def _answering(
+    status: int, body: bytes, headers: dict[str, str] | None = None
+) -> AsyncIterator[KubeStore]:
+    """A KubeStore whose API server answers every request with ``status``, ``body`` and
+    ``headers``."""
 
     async def answer(request: aiohttp.web.Request) -> aiohttp.web.Response:
-        return aiohttp.web.Response(status=status, body=body, content_type="application/json")
+        return aiohttp.web.Response(
+            status=status, body=body, content_type="application/json", headers=headers
+        )
 
     app = aiohttp.web.Application()
     app.router.add_route("*", "/{tail:.*}", answer)
@@ -303,6 +310,24 @@ async def test_responses_are_read_as_json_reads_them() -> None:
         got = await store.get(Kind.POD, "p", namespace=NS)
     assert got["metadata"]["generation"] == 123456789012345678901234
     assert json.dumps(got["spec"]) == '{"x": NaN}'
+
+
+async def test_retry_after_is_read_from_the_header_alone() -> None:
+    status = b'{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429}'
+    async with _answering(429, status, {"Retry-After": "7"}) as store:
+        with pytest.raises(TooManyRequests) as throttled:
+            await store.evict(NS, "p")
+    assert throttled.value.retry_after == 7.0
+
+
+def test_watch_lines_are_read_as_json_reads_them() -> None:
+    """A watch line holding an integer beyond 64 bits or NaN decodes as ``json.loads`` reads
+    it (orjson alone: a float, or a refused line and a broken stream)."""
+    line = b'{"type":"MODIFIED","object":{"metadata":{"name":"p","generation":123456789012345678901234},"x":NaN}}'
+    event = kube_module._decode_event(RESOURCES[Kind.POD], line, "7")
+    assert event.type is EventType.MODIFIED
+    assert event.object["metadata"]["generation"] == 123456789012345678901234
+    assert json.dumps(event.object["x"]) == "NaN"
 
 
 async def test_pod_disruption_budget_refusal_is_too_many_requests(api: FakeApiServer) -> None:
