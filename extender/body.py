@@ -190,7 +190,11 @@ class ExtenderArgsDecoder:
         if pods < 1 or lists < 1:
             raise ValueError("pods and lists must be at least 1")
         self._pods: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
-        self._lists: OrderedDict[bytes, list[str]] = OrderedDict()
+        self._lists: list[tuple[bytes, list[str]]] = []
+        """Kept ``NodeNames`` texts and their names, least recently used first. Found by
+        comparing a body's tail with each (:meth:`_known_list`), never by hashing a text: a
+        filter's list is ≈ 16 KiB at 1,250 nodes, and kube-scheduler's lists differ from
+        cycle to cycle."""
         self._max_pods = pods
         self._max_lists = lists
         self._interned: tuple[list[str], msgspec.json.Decoder[list[str]]] | None = None
@@ -244,10 +248,18 @@ class ExtenderArgsDecoder:
         ``/prioritize`` when no other filter or extender removes a node, so that body
         is split by its tail (:meth:`_known_list`) and its names are the filter's own
         strings. ``names`` is kept: the caller must not change it."""
-        self._lists[text] = names
-        self._lists.move_to_end(text)
-        if len(self._lists) > self._max_lists:
-            self._lists.popitem(last=False)
+        self._keep(text, names)
+
+    def _keep(self, text: bytes, names: list[str]) -> None:
+        """Keep ``text`` → ``names`` as the most recently used list (once)."""
+        kept = self._lists
+        for i, (other, _) in enumerate(kept):
+            if other == text:  # bytes compare lengths first
+                del kept[i]
+                break
+        kept.append((text, names))
+        if len(kept) > self._max_lists:
+            del kept[0]
 
     def _known_list(self, raw: bytes) -> tuple[bytes, list[str]] | None:
         """(the pod's text, the node names) when ``raw`` is ``{"Pod":`` text
@@ -261,24 +273,24 @@ class ExtenderArgsDecoder:
         size = len(raw)
         if not raw.startswith(_HEAD) or not raw.endswith(b"]}"):
             return None
-        for text in reversed(self._lists):  # most recent first
+        kept = self._lists
+        for i in range(len(kept) - 1, -1, -1):  # most recent first
+            text, names = kept[i]
             start = size - 1 - len(text)  # where the list would begin
             if (
                 start > len(_HEAD) + len(_TAIL)
                 and raw.endswith(text, 0, size - 1)
                 and raw.startswith(_TAIL, start - len(_TAIL))
             ):
-                self._lists.move_to_end(text)
+                if i != len(kept) - 1:
+                    kept.append(kept.pop(i))
                 self.hits += 1
-                return raw[len(_HEAD) : start - len(_TAIL)], self._lists[text]
+                return raw[len(_HEAD) : start - len(_TAIL)], names
         return None
 
     def _names(self, text: bytes) -> list[str] | None:
-        names = self._lists.get(text)
-        if names is not None:
-            self._lists.move_to_end(text)
-            self.hits += 1
-            return names
+        """The names in ``text`` (a ``NodeNames`` array that no kept list matched, so
+        decoded), kept for later bodies; None when it is not an array of strings."""
         names = None
         if self._interned is not None:
             # the interned strings themselves, when every name is one of them
@@ -290,9 +302,7 @@ class ExtenderArgsDecoder:
             except (msgspec.MsgspecError, UnicodeDecodeError):  # not a list of strings: the general way
                 return None
         self.misses += 1
-        self._lists[text] = names
-        if len(self._lists) > self._max_lists:
-            self._lists.popitem(last=False)
+        self._keep(text, names)
         return names
 
     def _pod(self, text: bytes) -> dict[str, Any] | None:
