@@ -31,6 +31,7 @@ from pathlib import Path
 
 import uvloop
 from aiohttp import web
+from aiohttp.log import access_logger
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from pydantic import ValidationError
 
@@ -111,7 +112,12 @@ async def serve(
     app = create_app(
         settings, store, registry=registry, extra_contexts=extra_contexts, leader=leader, inventory=inventory
     )
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=ext.shutdown_timeout_seconds)
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        shutdown_timeout=ext.shutdown_timeout_seconds,
+        access_log=access_logger if ext.access_log else None,
+    )
     probe_runner: web.AppRunner | None = None
     await runner.setup()
     try:

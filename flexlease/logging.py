@@ -14,7 +14,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 _STANDARD: Final = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys() | {"message", "asctime", "taskName"}
@@ -62,9 +62,16 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def setup(level: str = "INFO", fmt: str = "json") -> None:
-    """Configure the root logger once, in ``main``: level and formatter on stderr."""
-    handler = logging.StreamHandler(sys.stderr)
+def setup(level: str = "INFO", fmt: str = "json", stream: TextIO | None = None) -> None:
+    """Configure the root logger once, in ``main``: level and formatter on ``stream``
+    (stderr when None). Records no longer look up the thread, process and multiprocessing
+    process names (``logging.logThreads``, ``logProcesses``, ``logMultiprocessing``; the
+    logging HOWTO's "Optimization"): neither formatter writes them, and the lookups were a
+    third of a line's cost (≈ 16 → 11 µs; the extender writes one per bind)."""
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -22,6 +22,9 @@ and p99 per verb measured by the client and by the server (exact per-request tim
 recording middleware wrapped around the app, and the Prometheus histogram's count), cycles
 per second, and the empty handler's latency for the same filter body, so our cost is a ratio.
 
+The server logs as ``extender.main`` does: JSON at ``--log-level`` (INFO: a line per bind)
+to ``--server-log`` (``/dev/null``), the verbs' access log off unless ``--access-log``.
+
 ``--store kube``: the extender talks to the API server stand-in (:mod:`standins.apiserver`,
 real Kubernetes JSON over HTTP) in a third process pinned to ``--apiserver-cpu``, through
 ``KubeStore`` (kubernetes_asyncio) as in a cluster: its lists, watches, pod reads and
@@ -64,6 +67,7 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as Dockerfile.extender: no BLAS thread pool
 
+import flexlease.logging
 from extender import gcpolicy
 from extender import server as extserver
 from extender.lease import controller as lease_controller
@@ -378,7 +382,9 @@ def _timed(
 
 def server_main(conn: Connection, args: argparse.Namespace) -> None:
     os.sched_setaffinity(0, {args.server_cpu})
-    logging.getLogger("extender").setLevel(logging.ERROR)  # binds racing for a node are expected
+    # Logged as extender.main logs (JSON at --log-level, one "bound pod" line per bind at INFO),
+    # to --server-log; binds racing for a node are expected (warnings there).
+    flexlease.logging.setup(args.log_level, "json", stream=open(args.server_log, "a", encoding="utf-8"))  # noqa: SIM115
     run = asyncio.run if args.asyncio_loop else uvloop.run  # as extender.main: uvloop
     if not args.profile:
         run(_server(conn, args))
@@ -469,7 +475,9 @@ async def _server(
 
     floor = web.Application(client_max_size=64 << 20, middlewares=[record])
     floor.router.add_post("/empty", empty)
-    runners = [web.AppRunner(app), web.AppRunner(floor)]
+    # access log as extender.main serves the verbs (off unless extender.access_log)
+    access_log = aiohttp.log.access_logger if args.access_log else None
+    runners = [web.AppRunner(app, access_log=access_log), web.AppRunner(floor, access_log=None)]
     urls = []
     for runner in runners:
         await runner.setup()
@@ -728,6 +736,20 @@ def main() -> None:
     )
     parser.add_argument("--profile", type=int, default=0, help="print the server's N costliest functions")
     parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="the server's log level (extender.main's default, INFO: a JSON line per bind; the rounds "
+        "before the twelfth ran with the extender's loggers at ERROR)",
+    )
+    parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log every request as extender.access_log: true does (aiohttp.access, INFO)",
+    )
+    parser.add_argument(
+        "--server-log", default=os.devnull, help="where the server's log lines go (JSON, appended)"
+    )
+    parser.add_argument(
         "--store",
         choices=("memory", "kube"),
         default="memory",
@@ -818,6 +840,8 @@ def report(
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu}), python {platform.python_version()}")
     print(f"interpreter: {interpreter.describe()}")
     print(f"server on CPU {args.server_cpu}, client on CPU {args.client_cpu}; load average {os.getloadavg()}")
+    access = "on" if args.access_log else "off"
+    print(f"server log: {args.log_level} as JSON to {args.server_log}; access log {access}")
     print(
         f"cluster: {args.nodes} nodes x 8 GPUs, {args.pods} running pods, loaded in {hello['load_s']:.1f} s"
     )

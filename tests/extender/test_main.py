@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import ssl
@@ -112,6 +113,29 @@ async def test_serves_over_tcp_and_bind_commits_when_the_scheduler_hangs_up() ->
             assert stored["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == "n1:0"
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("access_log", [False, True])
+async def test_the_verbs_are_access_logged_only_when_asked(
+    access_log: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Off by default: three lines per scheduling cycle would be the process's largest log."""
+    store = MemoryStore()
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    settings = make_settings(access_log=access_log) if access_log else make_settings()
+    try:
+        async with serving(settings, store) as url, aiohttp.ClientSession() as session:
+            await wait_ready(session, url)
+            with caplog.at_level(logging.INFO, logger="aiohttp.access"):
+                for _ in range(3):
+                    async with session.post(
+                        f"{url}/filter", json=payloads.extender_args(payloads.pod("q", gpus=1), ["n1"])
+                    ) as resp:
+                        assert (await resp.json())["NodeNames"] == ["n1"]
+    finally:
+        await store.close()
+    logged = [r for r in caplog.records if r.name == "aiohttp.access" and "/filter" in r.getMessage()]
+    assert len(logged) == (3 if access_log else 0)
 
 
 def make_cert(tmp_path: Path) -> tuple[Path, Path]:
