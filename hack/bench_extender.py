@@ -737,6 +737,8 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="print the server's N costliest functions")
     parser.add_argument(
         "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
         default="INFO",
         help="the server's log level (extender.main's default, INFO: a JSON line per bind; the rounds "
         "before the twelfth ran with the extender's loggers at ERROR)",
@@ -767,6 +769,11 @@ def main() -> None:
         "(FeasibleNodes), or every node in one order (the rounds before the sixth)",
     )
     args = parser.parse_args()
+    try:  # the server opens it after the fork: refuse a path it cannot open here, before
+        with open(args.server_log, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        parser.error(f"--server-log: {exc}")
     if not args.scale:
         args.pods = args.pods or 4 * args.nodes
         report(args, *run_once(args))
@@ -800,6 +807,7 @@ def run_once(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], 
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=server_main, args=(child, args), name="extender-bench-server")
         proc.start()
+        child.close()  # the server's end: a server that dies is an EOFError here, not a hang
         affinity = os.sched_getaffinity(0)
         os.sched_setaffinity(0, {args.client_cpu})
         hello = parent.recv()
