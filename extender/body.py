@@ -192,9 +192,8 @@ class ExtenderArgsDecoder:
         self._pods: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
         self._lists: list[tuple[bytes, list[str]]] = []
         """Kept ``NodeNames`` texts and their names, least recently used first. Found by
-        comparing a body's tail with each (:meth:`_known_list`), never by hashing a text: a
-        filter's list is ≈ 16 KiB at 1,250 nodes, and kube-scheduler's lists differ from
-        cycle to cycle."""
+        comparing bytes (:meth:`_find`), never by hashing a text: a filter's list is ≈ 16 KiB
+        at 1,250 nodes, and kube-scheduler's lists differ from cycle to cycle."""
         self._max_pods = pods
         self._max_lists = lists
         self._interned: tuple[list[str], msgspec.json.Decoder[list[str]]] | None = None
@@ -225,72 +224,62 @@ class ExtenderArgsDecoder:
     def decode(self, raw: bytes) -> CandidateArgs | None:
         """The args in ``raw``, or None when ``raw`` is not in the exact shape (then decode
         it with :func:`decode` and validate it with the model, for the same answer and errors)."""
-        known = self._known_list(raw)
-        if known is not None:
-            pod = self._pod(known[0])
-            if pod is not None:
-                return CandidateArgs(pod, known[1])
         split = _split(raw)
         if split is None:
             return None
         pod = self._pod(split[0])
         if pod is None:
             return None
-        names = self._names(split[1])
+        names = self._known(split[1])
         if names is None:
-            return None
+            names = self._names(split[1])
+            if names is None:
+                return None
         return CandidateArgs(pod, names)
 
     def announce(self, text: bytes, names: list[str]) -> None:
         """Keep ``names`` as the decoding of ``text``, which must be their JSON array (as
         :func:`orjson.dumps` writes it), without decoding it: the extender announces the
         ``NodeNames`` of each filter reply, which kube-scheduler sends back to
-        ``/prioritize`` when no other filter or extender removes a node, so that body
-        is split by its tail (:meth:`_known_list`) and its names are the filter's own
-        strings. ``names`` is kept: the caller must not change it."""
+        ``/prioritize`` when no other filter or extender removes a node, so that body's
+        list is found among the kept ones (:meth:`_known`) and its names are the filter's
+        own strings. ``names`` is kept: the caller must not change it."""
         self._keep(text, names)
+
+    def _find(self, text: bytes) -> int | None:
+        """The position of ``text`` among the kept lists, most recent first; None when not
+        kept. Compares bytes (lengths first, then the contents), never hashes them: the node
+        list is most of a filter body (≈ 16 KiB of 17 at 1,250 nodes)."""
+        kept = self._lists
+        for i in range(len(kept) - 1, -1, -1):
+            if kept[i][0] == text:
+                return i
+        return None
 
     def _keep(self, text: bytes, names: list[str]) -> None:
         """Keep ``text`` → ``names`` as the most recently used list (once)."""
         kept = self._lists
-        for i, (other, _) in enumerate(kept):
-            if other == text:  # bytes compare lengths first
-                del kept[i]
-                break
+        i = self._find(text)
+        if i is not None:
+            del kept[i]
         kept.append((text, names))
         if len(kept) > self._max_lists:
             del kept[0]
 
-    def _known_list(self, raw: bytes) -> tuple[bytes, list[str]] | None:
-        """(the pod's text, the node names) when ``raw`` is ``{"Pod":`` text
-        ``,"Nodes":null,"NodeNames":`` list ``}`` with a list text kept from a recent
-        request, byte for byte (Go's encoding/json writes no spaces), else None.
-
-        Compares the tail of the body with the kept lists instead of scanning the whole
-        body: the node list is most of a filter body (≈ 16 KiB of 17 at 1,250 nodes) and
-        the same as the last filter's. The split is the envelope's own whenever the pod's
-        text is a JSON value, which :meth:`_pod` checks before the split is used."""
-        size = len(raw)
-        if not raw.startswith(_HEAD) or not raw.endswith(b"]}"):
+    def _known(self, text: bytes) -> list[str] | None:
+        """The names of ``text`` when it is a kept list (now the most recent one), else None."""
+        i = self._find(text)
+        if i is None:
             return None
         kept = self._lists
-        for i in range(len(kept) - 1, -1, -1):  # most recent first
-            text, names = kept[i]
-            start = size - 1 - len(text)  # where the list would begin
-            if (
-                start > len(_HEAD) + len(_TAIL)
-                and raw.endswith(text, 0, size - 1)
-                and raw.startswith(_TAIL, start - len(_TAIL))
-            ):
-                if i != len(kept) - 1:
-                    kept.append(kept.pop(i))
-                self.hits += 1
-                return raw[len(_HEAD) : start - len(_TAIL)], names
-        return None
+        if i != len(kept) - 1:
+            kept.append(kept.pop(i))
+        self.hits += 1
+        return kept[-1][1]
 
     def _names(self, text: bytes) -> list[str] | None:
-        """The names in ``text`` (a ``NodeNames`` array that no kept list matched, so
-        decoded), kept for later bodies; None when it is not an array of strings."""
+        """The names in ``text`` (a ``NodeNames`` array not kept), decoded and kept for later
+        bodies; None when it is not an array of strings."""
         names = None
         if self._interned is not None:
             # the interned strings themselves, when every name is one of them
