@@ -187,6 +187,20 @@ def agent_command(base: Path, kubelet: DeviceKubelet, metrics_port: int) -> tupl
     return cmd, env
 
 
+def warnings(lines: list[str]) -> list[str]:
+    """The lines of a JSON log (``FLEXLEASE_LOG_FORMAT=json``) at level warning or above, as
+    written; a line that is not a JSON object (a traceback Python printed itself) is skipped."""
+    out: list[str] = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("level") in ("warning", "error", "critical"):
+            out.append(line)
+    return out
+
+
 async def scrape(port: int) -> list[Sample]:
     """The ``flexlease_*`` samples of the agent's ``/metrics`` (Prometheus text format, read by
     ``prometheus_client``'s parser)."""
@@ -355,8 +369,7 @@ async def agent_steps(report: Report, devices: list[dict[str, Any]], load_second
             report.check("the agent stops cleanly on SIGTERM", proc.returncode == 0, proc.returncode)
             lines = log_path.read_text(errors="replace").splitlines()
             report.facts["agentLogTail"] = lines[-15:]
-            noisy = [ln for ln in lines if '"level": "warning"' in ln or '"level": "error"' in ln]
-            report.facts["agentWarnings"] = noisy[:20]
+            report.facts["agentWarnings"] = warnings(lines)[:20]
         with contextlib.suppress(Exception):
             await store.close()
         await kubelet.stop()

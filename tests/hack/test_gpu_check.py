@@ -82,3 +82,17 @@ def test_an_unhealthy_gpu_fails_the_check(tmp_path: Path, gpu: dict[str, Any], f
     )
     assert code == 1
     assert checks[failing]["ok"] is False, checks[failing]
+
+
+def test_warnings_are_read_from_json_log_lines() -> None:
+    from hack.gpu_check import warnings  # noqa: PLC0415 - imports pynvml; only this test needs it
+
+    lines = [
+        '{"ts":"t","level":"info","msg":"a"}',
+        '{"ts":"t","level":"warning","msg":"b"}',
+        '{"ts": "t", "level": "error", "msg": "c"}',
+        "Traceback (most recent call last):",
+        '["level", "warning"]',
+        '{"level":"critical","msg":"d"}',
+    ]
+    assert warnings(lines) == [lines[1], lines[2], lines[5]]
