@@ -91,8 +91,9 @@ class ExtenderMetrics:
         """``request_seconds`` children by verb and status code."""
         for verb in VERBS:
             self.request_seconds.labels(verb, "200")
-        for source in POD_SOURCES:
-            self.bind_sources.labels(source)
+        self._source_children = {source: self.bind_sources.labels(source) for source in POD_SOURCES}
+        """``bind_sources`` children by source, made once (``labels()`` per bind cost more
+        than the increment)."""
         for outcome, cause in (
             ("success", Cause.FITS),
             ("unschedulable", Cause.HELD_PREEMPTABLE),
@@ -108,6 +109,13 @@ class ExtenderMetrics:
         if child is None:  # labels() per call costs more than the observation itself
             child = self._request_children[(verb, status)] = self.request_seconds.labels(verb, str(status))
         child.observe(seconds)
+
+    def count_bind_source(self, source: str) -> None:
+        """Count one bind decided on the pod copy ``source`` (:data:`POD_SOURCES`)."""
+        child = self._source_children.get(source)
+        if child is None:  # not one of POD_SOURCES: counted all the same
+            child = self._source_children[source] = self.bind_sources.labels(source)
+        child.inc()
 
     def count_decisions(self, verb: str, counts: Mapping[tuple[str, str], int]) -> None:
         """Add ``{(outcome, cause): n}`` to ``decisions_total`` for ``verb`` (``n`` >= 0)."""

@@ -482,7 +482,7 @@ async def bind_verb(request: web.Request) -> web.Response:
         check=request.app[ADMISSION].bind_check(request),
     )
     request.app[METRICS].count_decisions("bind", {(outcome.outcome, outcome.cause): 1})
-    request.app[METRICS].bind_sources.labels(outcome.source).inc()
+    request.app[METRICS].count_bind_source(outcome.source)
     if not outcome.error:  # the usual reply, encoded once
         return web.Response(body=_BOUND, content_type="application/json")
     return _json(wire.ExtenderBindingResult(error=outcome.error).to_wire())
