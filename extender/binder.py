@@ -15,7 +15,9 @@ only one extender may bind). Follows kube-scheduler's assume → bind → forget
    again on a fresh read: the copy only ever saves the read of a pod that binds, one API
    call per bind instead of two (``BindOutcome.source`` says which way each bind went). The
    watch holds the pods the store passes it: under ``KubeStore``'s pod filter, GPU pods and
-   pods with ``flexlease.io/`` keys; other pods are read;
+   pods with ``flexlease.io/`` keys; other pods are read. A Binding made on a read is
+   conditional on the version read as well: a pod that changes in between (a label, an
+   annotation, another binder) is read again, :data:`READ_ATTEMPTS` times at the most;
 2. take an inventory snapshot, in which the pod's own claim counts as free for it
    (:func:`extender.scheduling.release_own`); keep the pod's existing ``assigned-gpus`` only
    if :func:`extender.scheduling.claim_problem` finds nothing wrong with it (never trusted:
@@ -43,6 +45,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Final
 
 from extender import scheduling
 from extender.admission import BindCheck
@@ -77,6 +80,19 @@ class BindOutcome:
 class _PodLock:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     users: int = 0
+
+
+READ_ATTEMPTS: Final = 3
+"""Reads of a pod per bind at the most, each followed by a Binding conditional on the version
+read: a pod that changes between each read and its Binding fails the bind (kube-scheduler
+retries the pod)."""
+
+
+def _resource_version(pod: JsonObj) -> str | None:
+    """``metadata.resourceVersion`` of ``pod`` when it is a non-empty string, else None."""
+    meta = pod.get("metadata")
+    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return version if isinstance(version, str) and version else None
 
 
 class Binder:
@@ -125,14 +141,23 @@ class Binder:
                 return replace(on_copy, source="watch")
             source = "stale_watch"
             log.debug("the watch's copy did not bind; reading the pod", extra=ctx(pod=key, node=node))
-        try:
-            pod = await self._store.get(Kind.POD, name, namespace=namespace)
-        except StoreError as exc:
-            failed = self._fail(key, node, f"cannot read pod {key}: {exc}", cause="store_error")
-            return replace(failed, source=source)
-        outcome = await self._bind_pod(pod, key, uid=uid, node=node, check=check, version=None)
-        assert outcome is not None  # decided on a read: always an outcome
-        return replace(outcome, source=source)
+        for _ in range(READ_ATTEMPTS):
+            try:
+                pod = await self._store.get(Kind.POD, name, namespace=namespace)
+            except StoreError as exc:
+                failed = self._fail(key, node, f"cannot read pod {key}: {exc}", cause="store_error")
+                return replace(failed, source=source)
+            outcome = await self._bind_pod(
+                pod, key, uid=uid, node=node, check=check, version=_resource_version(pod), read=True
+            )
+            if outcome is not None:
+                return replace(outcome, source=source)
+            log.debug(
+                "the pod changed between its read and its Binding; reading it again",
+                extra=ctx(pod=key, node=node),
+            )
+        message = f"pod {key} changed between its read and its Binding {READ_ATTEMPTS} times; retry"
+        return replace(self._fail(key, node, message, cause="conflict"), source=source)
 
     def _watched(self, namespace: str, name: str, uid: str) -> tuple[JsonObj, str] | None:
         """The Pod watch's copy of unbound pod ``uid`` and its ``resourceVersion``, when it is
@@ -147,15 +172,26 @@ class Binder:
         return (pod, version) if isinstance(version, str) and version else None
 
     async def _bind_pod(
-        self, pod: JsonObj, key: str, *, uid: str, node: str, check: BindCheck | None, version: str | None
+        self,
+        pod: JsonObj,
+        key: str,
+        *,
+        uid: str,
+        node: str,
+        check: BindCheck | None,
+        version: str | None,
+        read: bool = False,
     ) -> BindOutcome | None:
-        """Bind ``pod`` as read (``version`` None) or as the Pod watch's copy at ``version``:
-        then the Binding is conditional on that version, and None (decide again on a fresh
-        read) replaces every outcome but success, an admission refusal and a Binding error
+        """Bind ``pod``, the Pod watch's copy or (``read``) the pod as just read, whose
+        ``resourceVersion`` is ``version``: the Binding is conditional on it (unconditional
+        when None: a pod without one), so a decision is never applied to a pod that changed
+        since the copy it was made on. None (decide again on a fresh read): the Binding was
+        refused with 409 (the pod changed, or got bound, since that version), and, for the
+        watch's copy, every outcome but success, an admission refusal and a Binding error
         other than 409 (failed as before, or settled by :meth:`_binding_failed`)."""
 
         def failed(message: str, *, cause: str) -> BindOutcome | None:
-            return None if version is not None else self._fail(key, node, message, cause=cause)
+            return self._fail(key, node, message, cause=cause) if read else None
 
         known = self._inventory.pending_request(pod) if version is not None else None
         try:
@@ -171,7 +207,7 @@ class Binder:
             return BindOutcome("refused", error=refusal.message, cause=refusal.reason)
 
         if req.node_name is not None:
-            if version is not None:
+            if not read:
                 return None
             if req.node_name == node and (
                 req.count == 0 or (req.assignment is not None and req.assignment.node == node)
@@ -185,8 +221,8 @@ class Binder:
                     req.namespace, req.name, uid=req.uid or None, node=node, resource_version=version
                 )
             except StoreError as exc:
-                if version is not None and isinstance(exc, Conflict):
-                    return None  # the pod changed since the watch's copy (or got bound)
+                if await self._decide_again(req, version, exc, read=read):
+                    return None  # the pod changed since that version (or got bound)
                 return self._fail(
                     key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error"
                 )
@@ -262,15 +298,33 @@ class Binder:
                 resource_version=version,
             )
         except StoreError as exc:
-            if version is not None and isinstance(exc, Conflict):
-                # refused as a whole (the pod changed since the watch's copy, or got
-                # bound): nothing landed; decide again on a fresh read
+            if await self._decide_again(req, version, exc, read=read):
+                # refused as a whole (the pod changed since that version, or got bound):
+                # nothing landed; decide again on a fresh read
                 self._inventory.forget(pod_uid)
                 return None
             return await self._binding_failed(req, pod_uid, node=node, assignment=assignment, exc=exc)
         self._inventory.renew(pod_uid)
         log.info("bound pod", extra=ctx(pod=key, node=node, gpu=",".join(map(str, indices))))
         return BindOutcome("bound", assignment=assignment)
+
+    async def _decide_again(
+        self, req: GpuRequest, version: str | None, exc: StoreError, *, read: bool
+    ) -> bool:
+        """Whether a Binding conditional on ``version`` that failed with ``exc`` is decided
+        again on a fresh read: a 409 for the watch's copy (its version may lag); for a pod
+        as read, a 409 when the pod is no longer at ``version`` (read once more to tell: a
+        409 the pod's own state causes — being deleted, scheduling gates — would recur on
+        every read, and is reported as it is)."""
+        if version is None or not isinstance(exc, Conflict):
+            return False
+        if not read:
+            return True
+        try:
+            pod = await self._store.get(Kind.POD, req.name, namespace=req.namespace)
+        except StoreError:
+            return False  # the failure is reported as it is
+        return _resource_version(pod) != version
 
     async def _binding_failed(
         self, req: GpuRequest, pod_uid: str, *, node: str, assignment: Assignment, exc: StoreError

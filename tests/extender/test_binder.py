@@ -35,6 +35,10 @@ class FlakyStore(MemoryStore):
         self.pod_reads = 0
         self.binding_versions: list[str | None] = []
         """Each Binding's resourceVersion precondition, in order (None: none)."""
+        self.after_pod_read: list[JsonObj] = []
+        """Merge patches another writer applies to a pod right after it is read, one per read."""
+        self.churn = False
+        """Another writer changes a pod's labels right after every read of it."""
 
     async def get(self, kind: Kind, name: str, **kw: Any) -> JsonObj:
         if kind is Kind.POD:
@@ -42,7 +46,15 @@ class FlakyStore(MemoryStore):
         if kind is Kind.POD and self.fail_get:
             self.fail_get -= 1
             raise StoreError("etcdserver: request timed out", status=504)
-        return await super().get(kind, name, **kw)
+        obj = await super().get(kind, name, **kw)
+        if kind is Kind.POD and (self.after_pod_read or self.churn):
+            change = (
+                self.after_pod_read.pop(0)
+                if self.after_pod_read
+                else {"metadata": {"labels": {"churn": str(self.pod_reads)}}}
+            )
+            await super().patch(kind, name, change, **kw)
+        return obj
 
     async def patch(self, kind: Kind, name: str, patch: JsonObj, **kw: Any) -> JsonObj:
         if kind is Kind.POD:
@@ -421,7 +433,10 @@ async def test_a_lagging_watch_costs_a_refused_binding_and_a_read(
     changed = await store.patch(Kind.POD, "p", {"metadata": {"labels": {"team": "ranking"}}}, namespace="ml")
     store.pod_reads = 0
     assert await bind(client, pod) == ""
-    assert store.binding_versions == [old["metadata"]["resourceVersion"], None]
+    assert store.binding_versions == [
+        old["metadata"]["resourceVersion"],
+        changed["metadata"]["resourceVersion"],
+    ]
     assert store.pod_reads == 1
     assert sources(client) == {"watch": 0.0, "read": 0.0, "stale_watch": 1.0}
     stored = await store.get(Kind.POD, "p", namespace="ml")
@@ -430,6 +445,60 @@ async def test_a_lagging_watch_costs_a_refused_binding_and_a_read(
     assert stored["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
     await eventually(lambda: inv.holding(pod["metadata"]["uid"]) is not None)
     assert inv.claimed_nodes(pod["metadata"]["uid"]) == {"n1"}
+
+
+async def test_a_decision_on_a_read_is_never_applied_to_a_pod_changed_since(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No watch copy: the bind decides on the pod as read, and another writer raises its
+    reliability to HA before the Binding. The Binding, conditional on the version read, is
+    refused; the pod read again no longer fits n1's LA GPUs, and nothing is written."""
+    await add_node(store, payloads.gpunode("n1", gpus=2, tiers="LA"))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=2))
+    inv = client.app[server.INVENTORY]
+    monkeypatch.setattr(inv, "unbound_pod", lambda uid: None)
+    store.after_pod_read = [{"metadata": {"annotations": {keys.ANN_RELIABILITY: "HA"}}}]
+    error = await bind(client, pod)
+    assert error.startswith("no longer fits on n1"), error
+    assert store.binding_versions == [pod["metadata"]["resourceVersion"]]  # refused: the pod changed
+    stored = await store.get(Kind.POD, "p", namespace="ml")
+    assert (
+        "nodeName" not in stored["spec"] and keys.ANN_ASSIGNED_GPUS not in stored["metadata"]["annotations"]
+    )
+    assert inv.reservation(pod["metadata"]["uid"]) is None
+    assert sources(client)["read"] == 1.0
+
+
+async def test_a_pod_that_changes_after_every_read_fails_its_bind_after_three(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=2))
+    inv = client.app[server.INVENTORY]
+    monkeypatch.setattr(inv, "unbound_pod", lambda uid: None)
+    store.churn = True
+    error = await bind(client, pod)
+    assert error == "pod ml/p changed between its read and its Binding 3 times; retry"
+    assert len(store.binding_versions) == 3 and None not in store.binding_versions
+    assert inv.reservation(pod["metadata"]["uid"]) is None
+    store.churn = False
+    assert await bind(client, pod) == ""  # the scheduler's retry, once the pod holds still
+
+
+async def test_a_refusal_the_pod_itself_causes_is_reported_not_retried(start: Any, store: FlakyStore) -> None:
+    """A 409 that reading again cannot cure (scheduling gates: the pod is at the version read)
+    is reported in the API server's words after one Binding, not retried as a changed pod."""
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    gated = payloads.pod("p", gpus=2)
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    pod = await add_pod(store, gated)
+    error = await bind(client, pod)
+    assert error == "binding pod ml/p to n1 failed: pod p has non-empty .spec.schedulingGates"
+    assert store.binding_versions == [pod["metadata"]["resourceVersion"]]
+    assert client.app[server.INVENTORY].reservation(pod["metadata"]["uid"]) is None
 
 
 async def test_a_pod_bound_elsewhere_behind_the_watch_fails_and_frees_its_reservation(
