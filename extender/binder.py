@@ -16,8 +16,11 @@ only one extender may bind). Follows kube-scheduler's assume → bind → forget
    call per bind instead of two (``BindOutcome.source`` says which way each bind went). The
    watch holds the pods the store passes it: under ``KubeStore``'s pod filter, GPU pods and
    pods with ``flexlease.io/`` keys; other pods are read. A Binding made on a read is
-   conditional on the version read as well: a pod that changes in between (a label, an
-   annotation, another binder) is read again, :data:`READ_ATTEMPTS` times at the most;
+   conditional on the version read as well, so no decision is applied to a pod that changed
+   since (a label, an annotation, another binder): after a 409 the pod is read once
+   (:meth:`Binder._refused`) — bound as asked: success; at another version: decided again
+   on that read, :data:`BINDINGS_ON_READS` Bindings at the most; at the same version: the
+   pod's own state refused it (being deleted, scheduling gates), reported as it is;
 2. take an inventory snapshot, in which the pod's own claim counts as free for it
    (:func:`extender.scheduling.release_own`); keep the pod's existing ``assigned-gpus`` only
    if :func:`extender.scheduling.claim_problem` finds nothing wrong with it (never trusted:
@@ -30,9 +33,10 @@ only one extender may bind). Follows kube-scheduler's assume → bind → forget
    annotations to the pod in the same write that sets ``spec.nodeName``
    (``setPodNodeAndMetadata``, pkg/registry/core/pod/storage), so a pod is bound with its
    GPUs recorded, or neither — one API write per bind and nothing to undo;
-4. on any failure: forget the reservation, so no phantom reservation survives (a Binding
-   that landed although its reply was lost shows up in the watch with its annotations;
-   retried, it answers 409 and is checked: :meth:`Binder._binding_failed`).
+4. on any failure: forget the reservation, so no phantom reservation survives — once a read
+   shows the Binding did not land: a Binding that landed although its reply was lost, or
+   was answered 409 by a client's retry, is a success whose reservation is kept until the
+   watch confirms it (:meth:`Binder._binding_failed`, :meth:`Binder._refused`).
 
 Binds of one pod are serialised by a per-pod lock. Neighbours: called by
 :mod:`extender.server`; reads :mod:`extender.state`, decides with :mod:`extender.scheduling`,
@@ -82,10 +86,17 @@ class _PodLock:
     users: int = 0
 
 
-READ_ATTEMPTS: Final = 3
-"""Reads of a pod per bind at the most, each followed by a Binding conditional on the version
-read: a pod that changes between each read and its Binding fails the bind (kube-scheduler
-retries the pod)."""
+BINDINGS_ON_READS: Final = 3
+"""Bindings per bind, at the most, made on a pod as read (each conditional on the version
+read, each refusal read once, that read deciding the next): a pod that changes between each
+read and its Binding fails the bind (kube-scheduler retries the pod)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Again:
+    """Decide again on a fresh read: ``pod`` is one already made after the refusal, or None."""
+
+    pod: JsonObj | None = None
 
 
 def _resource_version(pod: JsonObj) -> str | None:
@@ -133,30 +144,38 @@ class Binder:
     ) -> BindOutcome:
         key = f"{namespace}/{name}"
         source = "read"
+        fresh: JsonObj | None = None
+        """The pod as read after a refused Binding, for the next decision (saves its read)."""
         watched = self._watched(namespace, name, uid)
         if watched is not None:
             pod, version = watched
             on_copy = await self._bind_pod(pod, key, uid=uid, node=node, check=check, version=version)
-            if on_copy is not None:
+            if isinstance(on_copy, BindOutcome):
                 return replace(on_copy, source="watch")
+            fresh = on_copy.pod
             source = "stale_watch"
-            log.debug("the watch's copy did not bind; reading the pod", extra=ctx(pod=key, node=node))
-        for _ in range(READ_ATTEMPTS):
-            try:
-                pod = await self._store.get(Kind.POD, name, namespace=namespace)
-            except StoreError as exc:
-                failed = self._fail(key, node, f"cannot read pod {key}: {exc}", cause="store_error")
-                return replace(failed, source=source)
+            log.debug("the watch's copy did not bind; deciding on a read", extra=ctx(pod=key, node=node))
+        for attempt in range(1, BINDINGS_ON_READS + 1):
+            if fresh is not None:
+                pod, fresh = fresh, None
+            else:
+                try:
+                    pod = await self._store.get(Kind.POD, name, namespace=namespace)
+                except StoreError as exc:
+                    failed = self._fail(key, node, f"cannot read pod {key}: {exc}", cause="store_error")
+                    return replace(failed, source=source)
             outcome = await self._bind_pod(
                 pod, key, uid=uid, node=node, check=check, version=_resource_version(pod), read=True
             )
-            if outcome is not None:
+            if isinstance(outcome, BindOutcome):
                 return replace(outcome, source=source)
-            log.debug(
-                "the pod changed between its read and its Binding; reading it again",
-                extra=ctx(pod=key, node=node),
-            )
-        message = f"pod {key} changed between its read and its Binding {READ_ATTEMPTS} times; retry"
+            fresh = outcome.pod
+            if attempt < BINDINGS_ON_READS:
+                log.debug(
+                    "the pod changed between its read and its Binding; deciding again",
+                    extra=ctx(pod=key, node=node),
+                )
+        message = f"pod {key} changed between its read and its Binding {BINDINGS_ON_READS} times; retry"
         return replace(self._fail(key, node, message, cause="conflict"), source=source)
 
     def _watched(self, namespace: str, name: str, uid: str) -> tuple[JsonObj, str] | None:
@@ -181,17 +200,18 @@ class Binder:
         check: BindCheck | None,
         version: str | None,
         read: bool = False,
-    ) -> BindOutcome | None:
+    ) -> BindOutcome | _Again:
         """Bind ``pod``, the Pod watch's copy or (``read``) the pod as just read, whose
         ``resourceVersion`` is ``version``: the Binding is conditional on it (unconditional
         when None: a pod without one), so a decision is never applied to a pod that changed
-        since the copy it was made on. None (decide again on a fresh read): the Binding was
-        refused with 409 (the pod changed, or got bound, since that version), and, for the
-        watch's copy, every outcome but success, an admission refusal and a Binding error
-        other than 409 (failed as before, or settled by :meth:`_binding_failed`)."""
+        since the copy it was made on. :class:`_Again` (decide again on a fresh read): the
+        Binding was refused with 409 and the pod, read again, is at another version and not
+        bound as asked (:meth:`_refused`); and, for the watch's copy, every outcome but
+        success, an admission refusal and a Binding error other than 409 (failed as before,
+        or settled by :meth:`_binding_failed`)."""
 
-        def failed(message: str, *, cause: str) -> BindOutcome | None:
-            return self._fail(key, node, message, cause=cause) if read else None
+        def failed(message: str, *, cause: str) -> BindOutcome | _Again:
+            return self._fail(key, node, message, cause=cause) if read else _Again()
 
         known = self._inventory.pending_request(pod) if version is not None else None
         try:
@@ -208,7 +228,7 @@ class Binder:
 
         if req.node_name is not None:
             if not read:
-                return None
+                return _Again()
             if req.node_name == node and (
                 req.count == 0 or (req.assignment is not None and req.assignment.node == node)
             ):
@@ -221,8 +241,8 @@ class Binder:
                     req.namespace, req.name, uid=req.uid or None, node=node, resource_version=version
                 )
             except StoreError as exc:
-                if await self._decide_again(req, version, exc, read=read):
-                    return None  # the pod changed since that version (or got bound)
+                if version is not None and isinstance(exc, Conflict):
+                    return await self._refused(req, None, node=node, version=version, exc=exc)
                 return self._fail(
                     key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error"
                 )
@@ -298,33 +318,51 @@ class Binder:
                 resource_version=version,
             )
         except StoreError as exc:
-            if await self._decide_again(req, version, exc, read=read):
-                # refused as a whole (the pod changed since that version, or got bound):
-                # nothing landed; decide again on a fresh read
-                self._inventory.forget(pod_uid)
-                return None
+            if version is not None and isinstance(exc, Conflict):
+                return await self._refused(
+                    req, pod_uid, node=node, version=version, exc=exc, assignment=assignment
+                )
             return await self._binding_failed(req, pod_uid, node=node, assignment=assignment, exc=exc)
         self._inventory.renew(pod_uid)
         log.info("bound pod", extra=ctx(pod=key, node=node, gpu=",".join(map(str, indices))))
         return BindOutcome("bound", assignment=assignment)
 
-    async def _decide_again(
-        self, req: GpuRequest, version: str | None, exc: StoreError, *, read: bool
-    ) -> bool:
-        """Whether a Binding conditional on ``version`` that failed with ``exc`` is decided
-        again on a fresh read: a 409 for the watch's copy (its version may lag); for a pod
-        as read, a 409 when the pod is no longer at ``version`` (read once more to tell: a
-        409 the pod's own state causes — being deleted, scheduling gates — would recur on
-        every read, and is reported as it is)."""
-        if version is None or not isinstance(exc, Conflict):
-            return False
-        if not read:
-            return True
+    async def _refused(
+        self,
+        req: GpuRequest,
+        pod_uid: str | None,
+        *,
+        node: str,
+        version: str,
+        exc: Conflict,
+        assignment: Assignment | None = None,
+    ) -> BindOutcome | _Again:
+        """After a Binding conditional on ``version`` was refused with 409 (``exc``): read the
+        pod once to tell why. Bound to ``node`` as asked (``assignment``; any binding to it
+        for a pod without GPUs): the Binding landed and its reply was lost (a client that
+        retries gets the 409): success, the reservation of pod ``pod_uid`` kept until the
+        watch confirms it. Otherwise nothing of this Binding landed and the reservation is
+        forgotten; then a pod at another version (changed or bound since) is decided again
+        on that read (:class:`_Again`), and one still at ``version`` was refused for its own
+        state (being deleted, scheduling gates): reported as the API server said, since
+        reading again cannot change it. When the read fails, decide again."""
+        key = req.key
         try:
-            pod = await self._store.get(Kind.POD, req.name, namespace=req.namespace)
-        except StoreError:
-            return False  # the failure is reported as it is
-        return _resource_version(pod) != version
+            raw = await self._store.get(Kind.POD, req.name, namespace=req.namespace)
+            cur = parse_pod(raw, self._resource)
+        except FlexleaseError:
+            if pod_uid is not None:
+                self._inventory.forget(pod_uid)
+            return _Again()
+        if cur.node_name == node and (assignment is None or cur.assignment == assignment):
+            if pod_uid is not None:
+                self._inventory.renew(pod_uid)
+            return BindOutcome("idempotent", assignment=cur.assignment)
+        if pod_uid is not None:
+            self._inventory.forget(pod_uid)
+        if _resource_version(raw) != version:
+            return _Again(raw)
+        return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
 
     async def _binding_failed(
         self, req: GpuRequest, pod_uid: str, *, node: str, assignment: Assignment, exc: StoreError

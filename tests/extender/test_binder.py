@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from extender import server
+from extender.state import Inventory
 from flexlease.api import keys
-from flexlease.errors import StoreError
+from flexlease.errors import Conflict, StoreError
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
 from tests.extender import payloads
@@ -39,6 +40,8 @@ class FlakyStore(MemoryStore):
         """Merge patches another writer applies to a pod right after it is read, one per read."""
         self.churn = False
         """Another writer changes a pod's labels right after every read of it."""
+        self.landed_409 = False
+        """The next Binding lands and is answered 409, as a client's retry of it would be."""
 
     async def get(self, kind: Kind, name: str, **kw: Any) -> JsonObj:
         if kind is Kind.POD:
@@ -86,6 +89,11 @@ class FlakyStore(MemoryStore):
         if self.lose_bind_reply:
             self.lose_bind_reply = False
             raise StoreError("connection reset by peer")
+        if self.landed_409:  # the reply lost, a retrying client answered 409
+            self.landed_409 = False
+            raise Conflict(
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already assigned'
+            )
 
 
 @pytest.fixture
@@ -462,6 +470,7 @@ async def test_a_decision_on_a_read_is_never_applied_to_a_pod_changed_since(
     error = await bind(client, pod)
     assert error.startswith("no longer fits on n1"), error
     assert store.binding_versions == [pod["metadata"]["resourceVersion"]]  # refused: the pod changed
+    assert store.pod_reads == 2  # the read after the refusal decided the second time
     stored = await store.get(Kind.POD, "p", namespace="ml")
     assert (
         "nodeName" not in stored["spec"] and keys.ANN_ASSIGNED_GPUS not in stored["metadata"]["annotations"]
@@ -485,6 +494,41 @@ async def test_a_pod_that_changes_after_every_read_fails_its_bind_after_three(
     assert inv.reservation(pod["metadata"]["uid"]) is None
     store.churn = False
     assert await bind(client, pod) == ""  # the scheduler's retry, once the pod holds still
+
+
+@pytest.mark.parametrize("copy", ["watch", "read"])
+async def test_a_binding_that_landed_but_was_answered_409_keeps_its_gpus_reserved(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch, copy: str
+) -> None:
+    """The Binding landed, its reply was lost and the retry answered 409: one read finds the
+    pod bound as asked, so the bind succeeds and the GPU stays reserved until the watch
+    (lagging here) confirms it; the next pod cannot get it meanwhile."""
+    lagging = False
+    apply = Inventory.apply_pod_event
+
+    def apply_unless_lagging(self: Inventory, event: Any) -> None:
+        if not lagging:
+            apply(self, event)
+
+    monkeypatch.setattr(Inventory, "apply_pod_event", apply_unless_lagging)  # before the watch starts
+    await add_node(store, payloads.gpunode("n1", gpus=1))
+    client = await start()
+    p = await add_pod(store, payloads.pod("p", gpus=1))
+    q = await add_pod(store, payloads.pod("q", gpus=1))
+    inv = client.app[server.INVENTORY]
+    await watched(client, q)
+    await watched(client, p)
+    if copy == "read":
+        monkeypatch.setattr(inv, "unbound_pod", lambda uid: None)
+    lagging = True  # the watch delivers nothing more
+    store.landed_409 = True
+    store.pod_reads = 0
+    assert await bind(client, p) == ""
+    assert store.pod_reads == (1 if copy == "watch" else 2) and len(store.binding_versions) == 1
+    assert inv.reservation(p["metadata"]["uid"]) is not None
+    assert (await bind(client, q)).startswith("no longer fits on n1")
+    assert (await annotations(store, "p"))[keys.ANN_ASSIGNED_GPUS] == "n1:0"
+    assert keys.ANN_ASSIGNED_GPUS not in await annotations(store, "q")
 
 
 async def test_a_refusal_the_pod_itself_causes_is_reported_not_retried(start: Any, store: FlakyStore) -> None:
