@@ -338,23 +338,26 @@ class Binder:
         assignment: Assignment | None = None,
     ) -> BindOutcome | _Again:
         """After a Binding conditional on ``version`` was refused with 409 (``exc``): read the
-        pod once to tell why. Bound to ``node`` as asked (``assignment``; any binding to it
-        for a pod without GPUs): the Binding landed and its reply was lost (a client that
-        retries gets the 409): success, the reservation of pod ``pod_uid`` kept until the
-        watch confirms it. Otherwise nothing of this Binding landed and the reservation is
-        forgotten; then a pod at another version (changed or bound since) is decided again
-        on that read (:class:`_Again`), and one still at ``version`` was refused for its own
-        state (being deleted, scheduling gates): reported as the API server said, since
-        reading again cannot change it. When the read fails, decide again."""
+        pod once to tell why. The same pod (uid) bound to ``node`` as asked (``assignment``;
+        any binding to it for a pod without GPUs): the Binding landed and its reply was lost
+        (a client that retries gets the 409), or another binder made the same one: success,
+        the reservation of pod ``pod_uid`` kept (renewed) until the watch confirms it.
+        Otherwise nothing of this Binding landed and the reservation is forgotten; then a pod
+        at another version is decided again on that read (:class:`_Again`), and one still at
+        ``version`` was refused for its own state (being deleted, scheduling gates): reported
+        as the API server said, since reading again cannot change it. When the pod cannot be
+        read (or parsed) back, whether the Binding landed is unknown: the bind fails and the
+        reservation stays until its TTL, so its GPUs go to no other pod before the watch
+        tells (as :meth:`_binding_failed` does after an error that may have committed)."""
         key = req.key
         try:
             raw = await self._store.get(Kind.POD, req.name, namespace=req.namespace)
             cur = parse_pod(raw, self._resource)
-        except FlexleaseError:
-            if pod_uid is not None:
-                self._inventory.forget(pod_uid)
-            return _Again()
-        if cur.node_name == node and (assignment is None or cur.assignment == assignment):
+        except FlexleaseError as read_exc:
+            message = f"binding pod {key} to {node} failed: {exc}; reading the pod back failed: {read_exc}"
+            return self._fail(key, node, message, cause="store_error")
+        same_pod = not req.uid or cur.uid == req.uid
+        if same_pod and cur.node_name == node and (assignment is None or cur.assignment == assignment):
             if pod_uid is not None:
                 self._inventory.renew(pod_uid)
             return BindOutcome("idempotent", assignment=cur.assignment)

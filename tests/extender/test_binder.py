@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import pytest
@@ -42,6 +42,8 @@ class FlakyStore(MemoryStore):
         """Another writer changes a pod's labels right after every read of it."""
         self.landed_409 = False
         """The next Binding lands and is answered 409, as a client's retry of it would be."""
+        self.before_bind: list[Callable[[], Awaitable[None]]] = []
+        """What another writer does just before each of the next Bindings, one per Binding."""
 
     async def get(self, kind: Kind, name: str, **kw: Any) -> JsonObj:
         if kind is Kind.POD:
@@ -76,6 +78,8 @@ class FlakyStore(MemoryStore):
     ) -> None:
         self.binds += 1
         self.binding_versions.append(resource_version)
+        if self.before_bind:
+            await self.before_bind.pop(0)()
         if self.bind_delay:
             await asyncio.sleep(self.bind_delay)
         if self.fail_bind:
@@ -525,10 +529,90 @@ async def test_a_binding_that_landed_but_was_answered_409_keeps_its_gpus_reserve
     store.pod_reads = 0
     assert await bind(client, p) == ""
     assert store.pod_reads == (1 if copy == "watch" else 2) and len(store.binding_versions) == 1
+    assert sources(client)[copy] == 1.0
     assert inv.reservation(p["metadata"]["uid"]) is not None
     assert (await bind(client, q)).startswith("no longer fits on n1")
     assert (await annotations(store, "p"))[keys.ANN_ASSIGNED_GPUS] == "n1:0"
     assert keys.ANN_ASSIGNED_GPUS not in await annotations(store, "q")
+
+
+async def test_a_refused_binding_whose_pod_cannot_be_read_back_keeps_its_gpus_reserved(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """409, then the read that would tell whether the Binding landed fails: unknown, so the
+    bind fails and its reservation stays until its TTL; the next pod cannot get the GPU."""
+    lagging = False
+    apply = Inventory.apply_pod_event
+
+    def apply_unless_lagging(self: Inventory, event: Any) -> None:
+        if not lagging:
+            apply(self, event)
+
+    monkeypatch.setattr(Inventory, "apply_pod_event", apply_unless_lagging)  # before the watch starts
+    await add_node(store, payloads.gpunode("n1", gpus=1))
+    client = await start()
+    p = await add_pod(store, payloads.pod("p", gpus=1))
+    q = await add_pod(store, payloads.pod("q", gpus=1))
+    inv = client.app[server.INVENTORY]
+    await watched(client, q)
+    await watched(client, p)
+    monkeypatch.setattr(inv, "unbound_pod", lambda uid: None)
+    lagging = True  # the watch delivers nothing more
+
+    async def reads_fail() -> None:
+        store.fail_get = 1
+
+    store.before_bind = [reads_fail]
+    store.landed_409 = True
+    error = await bind(client, p)
+    assert "reading the pod back failed: etcdserver: request timed out" in error
+    assert inv.reservation(p["metadata"]["uid"]) is not None
+    assert (await bind(client, q)).startswith("no longer fits on n1")
+
+
+async def test_a_pod_recreated_under_its_name_and_bound_is_not_the_pod_asked_for(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the read and the Binding, pod p (uid U1) is deleted and created again (U2)
+    already on n1: the Binding for U1 is refused, and the bind fails on the uid rather than
+    reporting U2's binding as U1's."""
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=0))
+    monkeypatch.setattr(client.app[server.INVENTORY], "unbound_pod", lambda uid: None)
+
+    async def recreate() -> None:
+        await store.delete(Kind.POD, "p", namespace="ml", grace_period_seconds=0)
+        again = payloads.pod("p", gpus=0, node_name="n1")
+        del again["metadata"]["resourceVersion"]
+        await store.create(Kind.POD, again)
+
+    store.before_bind = [recreate]
+    error = await bind(client, pod)
+    now = await store.get(Kind.POD, "p", namespace="ml")
+    assert now["metadata"]["uid"] != pod["metadata"]["uid"]
+    assert (
+        error
+        == f"pod ml/p has uid {now['metadata']['uid']}, the scheduler asked to bind {pod['metadata']['uid']}"
+    )
+
+
+async def test_a_pod_without_gpus_behind_a_lagging_watch_binds_on_one_read(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=0))
+    old = await watch_held_back(client, pod, monkeypatch)
+    changed = await store.patch(Kind.POD, "p", {"metadata": {"labels": {"team": "ranking"}}}, namespace="ml")
+    store.pod_reads = 0
+    assert await bind(client, pod) == ""
+    assert store.binding_versions == [
+        old["metadata"]["resourceVersion"],
+        changed["metadata"]["resourceVersion"],
+    ]
+    assert store.pod_reads == 1 and sources(client)["stale_watch"] == 1.0
+    assert (await store.get(Kind.POD, "p", namespace="ml"))["spec"]["nodeName"] == "n1"
 
 
 async def test_a_refusal_the_pod_itself_causes_is_reported_not_retried(start: Any, store: FlakyStore) -> None:
