@@ -386,6 +386,25 @@ async def watched(client: Any, pod: JsonObj) -> JsonObj:
     return copy
 
 
+def watch_lag(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Make the extender's Pod watch lag on demand (call before the app starts: the watch binds
+    ``Inventory.apply_pod_event`` then): after the returned function is called, pod events
+    are delivered no more."""
+    lagging = [False]
+    apply = Inventory.apply_pod_event
+
+    def apply_unless_lagging(self: Inventory, event: Any) -> None:
+        if not lagging[0]:
+            apply(self, event)
+
+    monkeypatch.setattr(Inventory, "apply_pod_event", apply_unless_lagging)
+
+    def start_lagging() -> None:
+        lagging[0] = True
+
+    return start_lagging
+
+
 async def watch_held_back(client: Any, pod: JsonObj, monkeypatch: pytest.MonkeyPatch) -> JsonObj:
     """The watch's copy of ``pod`` now, which the binder keeps getting after later changes
     (a lagging watch); returned."""
@@ -500,6 +519,25 @@ async def test_a_pod_that_changes_after_every_read_fails_its_bind_after_three(
     assert await bind(client, pod) == ""  # the scheduler's retry, once the pod holds still
 
 
+async def two_pods_for_one_gpu(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch, *, watch_copy: bool
+) -> tuple[Any, JsonObj, JsonObj]:
+    """Node n1 with one GPU, pending pods p and q held by the Pod watch, which then lags (so
+    only reservations keep a GPU from the next pod); without ``watch_copy`` the binder gets
+    no copy from the watch and reads each pod. Returns (client, p, q)."""
+    lag = watch_lag(monkeypatch)  # before the watch starts
+    await add_node(store, payloads.gpunode("n1", gpus=1))
+    client = await start()
+    p = await add_pod(store, payloads.pod("p", gpus=1))
+    q = await add_pod(store, payloads.pod("q", gpus=1))
+    await watched(client, q)
+    await watched(client, p)
+    if not watch_copy:
+        monkeypatch.setattr(client.app[server.INVENTORY], "unbound_pod", lambda uid: None)
+    lag()
+    return client, p, q
+
+
 @pytest.mark.parametrize("copy", ["watch", "read"])
 async def test_a_binding_that_landed_but_was_answered_409_keeps_its_gpus_reserved(
     start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch, copy: str
@@ -507,24 +545,8 @@ async def test_a_binding_that_landed_but_was_answered_409_keeps_its_gpus_reserve
     """The Binding landed, its reply was lost and the retry answered 409: one read finds the
     pod bound as asked, so the bind succeeds and the GPU stays reserved until the watch
     (lagging here) confirms it; the next pod cannot get it meanwhile."""
-    lagging = False
-    apply = Inventory.apply_pod_event
-
-    def apply_unless_lagging(self: Inventory, event: Any) -> None:
-        if not lagging:
-            apply(self, event)
-
-    monkeypatch.setattr(Inventory, "apply_pod_event", apply_unless_lagging)  # before the watch starts
-    await add_node(store, payloads.gpunode("n1", gpus=1))
-    client = await start()
-    p = await add_pod(store, payloads.pod("p", gpus=1))
-    q = await add_pod(store, payloads.pod("q", gpus=1))
+    client, p, q = await two_pods_for_one_gpu(start, store, monkeypatch, watch_copy=copy == "watch")
     inv = client.app[server.INVENTORY]
-    await watched(client, q)
-    await watched(client, p)
-    if copy == "read":
-        monkeypatch.setattr(inv, "unbound_pod", lambda uid: None)
-    lagging = True  # the watch delivers nothing more
     store.landed_409 = True
     store.pod_reads = 0
     assert await bind(client, p) == ""
@@ -541,23 +563,8 @@ async def test_a_refused_binding_whose_pod_cannot_be_read_back_keeps_its_gpus_re
 ) -> None:
     """409, then the read that would tell whether the Binding landed fails: unknown, so the
     bind fails and its reservation stays until its TTL; the next pod cannot get the GPU."""
-    lagging = False
-    apply = Inventory.apply_pod_event
-
-    def apply_unless_lagging(self: Inventory, event: Any) -> None:
-        if not lagging:
-            apply(self, event)
-
-    monkeypatch.setattr(Inventory, "apply_pod_event", apply_unless_lagging)  # before the watch starts
-    await add_node(store, payloads.gpunode("n1", gpus=1))
-    client = await start()
-    p = await add_pod(store, payloads.pod("p", gpus=1))
-    q = await add_pod(store, payloads.pod("q", gpus=1))
+    client, p, q = await two_pods_for_one_gpu(start, store, monkeypatch, watch_copy=False)
     inv = client.app[server.INVENTORY]
-    await watched(client, q)
-    await watched(client, p)
-    monkeypatch.setattr(inv, "unbound_pod", lambda uid: None)
-    lagging = True  # the watch delivers nothing more
 
     async def reads_fail() -> None:
         store.fail_get = 1
