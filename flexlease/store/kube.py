@@ -39,9 +39,10 @@ Responses and watch lines are decoded by :func:`flexlease.jsontext.loads`: what 
 reads, through orjson where the two agree (README, "Extender speed, twelfth round").
 
 The proxy environment (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``) is read once, when the
-store is built, as client-go reads it once per process; ``~/.netrc`` is not read (client-go
-never does). kubernetes_asyncio's own session looks both up again for every request, in worker
-threads (:func:`_environment_read_once`).
+store is built, as client-go reads it once per process, and by client-go's rules
+(:mod:`flexlease.store.kube_proxy`: CIDR ranges in ``NO_PROXY``, loopback never proxied);
+``~/.netrc`` is not read (client-go never does). kubernetes_asyncio's own session looks both
+up again for every request, in worker threads (:func:`_environment_read_once`).
 
 Pod scoping (``pod_filter``): a client-side predicate over Pod JSON (see
 :class:`flexlease.store.kube_filter.ManagedPods`), applied here, in the store, to ``list``
@@ -57,8 +58,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
-import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -74,6 +75,7 @@ from flexlease.errors import Conflict, Gone, NotFound, StoreError, TooManyReques
 from flexlease.logging import ctx
 from flexlease.store.base import EVERYTHING, EventType, JsonObj, Kind, ObjectList, Selector, WatchEvent
 from flexlease.store.kube_auth import load_configuration
+from flexlease.store.kube_proxy import ProxyEnvironment
 from flexlease.store.kube_resources import RESOURCES, Resource
 
 log = logging.getLogger(__name__)
@@ -578,27 +580,24 @@ def _environment_read_once(api: ApiClient) -> None:
 
 
 def _env_proxy(url: URL) -> str | None:
-    """The proxy the environment names for ``url``: ``HTTPS_PROXY``/``HTTP_PROXY`` (either
-    case) by its scheme, unless ``NO_PROXY`` names its host — Python's ``urllib.request``
-    rules, which aiohttp applies too: host names, domain suffixes, ``host:port`` and ``*``;
-    unlike Go's, no CIDR ranges. Credentials stay in the proxy URL (aiohttp sends them as
-    ``Proxy-Authorization``, on the ``CONNECT`` for an HTTPS API server). Only ``http://``
-    proxies, as aiohttp supports: another scheme is logged and the API server reached
-    directly."""
-    assert url.host is not None
-    if urllib.request.proxy_bypass(url.host):
+    """The proxy the environment names for ``url``, by client-go's rules
+    (:mod:`flexlease.store.kube_proxy`: ``HTTPS_PROXY``/``HTTP_PROXY`` by its scheme, upper
+    case first, unless ``NO_PROXY`` — names, suffixes, IP addresses, CIDR ranges, ``*`` —
+    bypasses it; loopback and ``localhost`` always direct). Credentials stay in the proxy URL
+    (aiohttp sends them as ``Proxy-Authorization``, on the ``CONNECT`` for an HTTPS API
+    server). Only ``http://`` proxies, as aiohttp supports: another scheme is logged and the
+    API server reached directly."""
+    proxy = ProxyEnvironment.read(os.environ).proxy_for(url)
+    if proxy is None:
         return None
-    proxy = urllib.request.getproxies().get(url.scheme)
-    if not proxy:
-        return None
-    if URL(proxy).scheme != "http":
+    if proxy.scheme != "http":
         log.warning(
             "proxy from the environment not supported (aiohttp proxies over http:// only); "
             "connecting directly",
-            extra=ctx(proxy=str(URL(proxy).with_user(None)), host=url.host),
+            extra=ctx(proxy=str(proxy.with_user(None)), host=url.host),
         )
         return None
-    return proxy
+    return str(proxy)
 
 
 _END: Final = object()

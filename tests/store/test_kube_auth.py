@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import socket
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
@@ -40,10 +43,37 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+API_NAME = "kubernetes.default.svc"
+"""The API server's name in a cluster (in kube-apiserver's certificate), resolved to 127.0.0.1
+by :func:`cluster_dns` and by :func:`forward_proxy`: a *name* to the proxy rules, which never
+proxy ``localhost`` or a loopback address, as client-go's do not."""
+
+
+@pytest.fixture
+def cluster_dns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:data:`API_NAME` resolves to 127.0.0.1 for aiohttp's resolver (a cluster's DNS, for
+    this process; no query leaves it); every other name as before."""
+    resolve = aiohttp.resolver.DefaultResolver.resolve
+
+    async def resolve_api_name(
+        self: Any, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> Any:
+        return await resolve(self, "127.0.0.1" if host == API_NAME else host, port, family)
+
+    monkeypatch.setattr(aiohttp.resolver.DefaultResolver, "resolve", resolve_api_name)
+
+
+def _resolve(host: str) -> str:
+    """The proxy's own resolution: :data:`API_NAME` is 127.0.0.1 (the proxy sits where the
+    cluster's names resolve)."""
+    return "127.0.0.1" if host == API_NAME else host
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate (CN=flexlease,
-    O=system:masters, as kubeadm issues admin credentials), all EC P-256."""
+    """A CA, a server certificate for 127.0.0.1 (and for the name :data:`API_NAME`) and a
+    client certificate (CN=flexlease, O=system:masters, as kubeadm issues admin
+    credentials), all EC P-256."""
     d = tmp_path_factory.mktemp("pki")
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     _openssl(
@@ -61,7 +91,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         cwd=d,
     )
     for name, subj, ext in (
-        ("server", "/CN=kube-apiserver", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+        (
+            "server",
+            "/CN=kube-apiserver",
+            f"subjectAltName=IP:127.0.0.1,DNS:{API_NAME}\nextendedKeyUsage=serverAuth",
+        ),
         ("client", "/O=system:masters/CN=flexlease", "extendedKeyUsage=clientAuth"),
     ):
         (d / f"{name}.ext").write_text(ext + "\n")
@@ -217,12 +251,12 @@ async def forward_proxy() -> AsyncIterator[tuple[str, list[str]]]:
         seen.append(f"{method} {target} {fields.get('proxy-authorization', '-')}")
         if method == "CONNECT":
             host, port = target.rsplit(":", 1)
-            upstream_reader, upstream_writer = await asyncio.open_connection(host, int(port))
+            upstream_reader, upstream_writer = await asyncio.open_connection(_resolve(host), int(port))
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:  # absolute-form: to the origin in origin-form, without the proxy's own fields
             url = urlsplit(target)
             assert url.hostname is not None and url.port is not None
-            upstream_reader, upstream_writer = await asyncio.open_connection(url.hostname, url.port)
+            upstream_reader, upstream_writer = await asyncio.open_connection(_resolve(url.hostname), url.port)
             path = url.path + (f"?{url.query}" if url.query else "")
             kept = [
                 line for line in head[1:] if line and not line.lower().startswith(("proxy-", "connection"))
@@ -251,13 +285,16 @@ def clear_proxy_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name.lower(), raising=False)
 
 
-async def in_cluster_store(api: FakeApiServer, pki: Pki, tmp_path: Path) -> KubeStore:
-    """A store configured as in a pod, for ``api`` over TLS with a service-account token."""
+async def in_cluster_store(
+    api: FakeApiServer, pki: Pki, tmp_path: Path, *, host: str = API_NAME
+) -> KubeStore:
+    """A store configured as in a pod, for ``api`` over TLS with a service-account token, the
+    API server named ``host`` (``KUBERNETES_SERVICE_HOST``)."""
     sa = tmp_path / "serviceaccount"
     sa.mkdir(exist_ok=True)
     (sa / "token").write_text("sa-token")
     (sa / "ca.crt").write_bytes(pki.ca.read_bytes())
-    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": api.url.rsplit(":", 1)[1]}
+    env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": api.url.rsplit(":", 1)[1]}
     configuration = await load_configuration(None, environ=env, service_account_dir=sa)
     return KubeStore(ApiClient(configuration), StoreSettings(kind="kube"))
 
@@ -283,24 +320,33 @@ async def test_https_proxy_from_the_environment_is_read_once(
         finally:
             await store.close()
     basic = "Basic " + base64.b64encode(b"ops:s3cret").decode()
-    assert seen == [f"CONNECT {api.url.removeprefix('https://')} {basic}"]
+    assert seen == [f"CONNECT {API_NAME}:{api.url.rsplit(':', 1)[1]} {basic}"]
     assert [r.headers["Authorization"] for r in api.requests] == ["Bearer sa-token"] * 2
 
 
+@pytest.mark.usefixtures("cluster_dns")
 async def test_no_proxy_naming_the_api_server_goes_direct(
     tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``NO_PROXY`` read as client-go reads it (:mod:`flexlease.store.kube_proxy`): the lower-case
+    variable only when the upper-case one is unset; a range that does not hold the API server
+    does not bypass the proxy; a loopback API server is never proxied."""
     clear_proxy_environment(monkeypatch)
     async with (
         FakeApiServer(token="sa-token", ssl_context=server_tls(pki, client_certs=False)) as api,
         forward_proxy() as (proxy, seen),
     ):
+        port = api.url.rsplit(":", 1)[1]
         monkeypatch.setenv("HTTPS_PROXY", proxy)
-        monkeypatch.setenv("NO_PROXY", "10.0.0.0/8,127.0.0.1")
+        monkeypatch.setenv("NO_PROXY", f"10.0.0.0/8,{API_NAME}")
+        monkeypatch.setenv("no_proxy", "10.0.0.0/8")  # the upper-case one wins
         assert await list_pods(await in_cluster_store(api, pki, tmp_path)) == 0
+        assert seen == []
         monkeypatch.delenv("NO_PROXY")
         assert await list_pods(await in_cluster_store(api, pki, tmp_path)) == 0  # now through it
-    assert seen == [f"CONNECT {api.url.removeprefix('https://')} -"]
+        assert seen == [f"CONNECT {API_NAME}:{port} -"]
+        assert await list_pods(await in_cluster_store(api, pki, tmp_path, host="127.0.0.1")) == 0
+    assert seen == [f"CONNECT {API_NAME}:{port} -"]  # 127.0.0.1: direct, whatever NO_PROXY says
 
 
 async def test_http_proxy_credentials_reach_the_proxy_for_a_plain_http_api_server(
@@ -311,11 +357,12 @@ async def test_http_proxy_credentials_reach_the_proxy_for_a_plain_http_api_serve
     clear_proxy_environment(monkeypatch)
     async with FakeApiServer() as api, forward_proxy() as (proxy, seen):
         monkeypatch.setenv("HTTP_PROXY", proxy.replace("http://", "http://ops:s3cret@"))
-        store = KubeStore.for_host(api.url, StoreSettings(kind="kube"))
+        url = api.url.replace("127.0.0.1", API_NAME)
+        store = KubeStore.for_host(url, StoreSettings(kind="kube"))
         monkeypatch.delenv("HTTP_PROXY")
         assert await list_pods(store) == 0
     basic = "Basic " + base64.b64encode(b"ops:s3cret").decode()
-    assert seen == [f"GET {api.url}/api/v1/pods?limit=500 {basic}"]
+    assert seen == [f"GET {url}/api/v1/pods?limit=500 {basic}"]
 
 
 async def test_a_kubeconfig_proxy_url_wins_over_the_environment(
