@@ -59,7 +59,7 @@ from extender.lease.view import (
     read_holder,
     salvaged_holder,
 )
-from extender.lease.workqueue import WorkQueue
+from extender.lease.workqueue import WorkQueue, warn_and_retry
 from extender.orchestrator import profile as profiles
 from flexlease.api import keys
 from flexlease.api.resources import (
@@ -130,6 +130,7 @@ class LeaseController:
             base_delay=self._settings.retry_base_seconds,
             max_delay=self._settings.retry_max_seconds,
         )
+        self._warn = warn_and_retry("reconcile", quiet=Conflict, logger=log)
         self._leases = Mirror(store, Kind.GPULEASE, on_change=self._lease_changed)
         self._nodes = Mirror(store, Kind.GPUNODE, on_change=self._world_changed)
         self._pods = Mirror(store, Kind.POD, on_change=self._pod_changed)
@@ -206,30 +207,11 @@ class LeaseController:
     async def _work(self) -> None:
         while True:
             await self._resumed.wait()
-            key = await self._queue.get()
-            if not self._resumed.is_set():  # paused while waiting for a key
-                self._queue.add(key)
-                self._queue.done(key)
-                continue
-            try:
-                delay = await self.reconcile(key)
-            except asyncio.CancelledError:
-                self._queue.add(key)  # interrupted (shutdown, lost leadership): do it again next time
-                raise
-            except Exception as exc:
-                backoff = self._queue.fail(key)
-                self.metrics.reconcile_errors.labels(kind="cluster" if key == CLUSTER_KEY else "lease").inc()
-                log.warning(
-                    "reconcile failed; retrying",
-                    exc_info=not isinstance(exc, Conflict),
-                    extra=ctx(key=key, error=str(exc), retry_seconds=backoff),
-                )
-            else:
-                self._queue.forget(key)
-                if delay is not None:
-                    self._queue.add_after(key, delay)
-            finally:
-                self._queue.done(key)
+            await self._queue.process_next(self.reconcile, on_error=self._failed, admit=self._resumed.is_set)
+
+    def _failed(self, key: str, exc: Exception, backoff: float) -> None:
+        self.metrics.reconcile_errors.labels(kind="cluster" if key == CLUSTER_KEY else "lease").inc()
+        self._warn(key, exc, backoff)
 
     # ------------------------------------------------------------------ triggers
 

@@ -1,7 +1,8 @@
 """A rate-limited work queue of keys, as client-go's ``workqueue`` (used by kopf and Kruise).
 
 Handlers only :meth:`WorkQueue.add` keys; a worker :meth:`WorkQueue.get`-s one, reconciles
-it and calls :meth:`WorkQueue.done`. A key is queued at most once however often it is added
+it and calls :meth:`WorkQueue.done` (:meth:`WorkQueue.process_next` does all three, as
+client-go's ``processNextWorkItem``). A key is queued at most once however often it is added
 (duplicates collapse), and never handed to two workers at once: a key added while it is being
 reconciled is queued again when that reconcile is done. Failures back off per key
 exponentially (``base * 2**failures`` seconds, capped at ``maximum``) until :meth:`forget`.
@@ -12,9 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from flexlease.clock import Clock
+from flexlease.logging import ctx
+
+log = logging.getLogger(__name__)
+
+OnError = Callable[[str, Exception, float], None]
+"""What :meth:`WorkQueue.process_next` calls on a failed reconcile: (key, error, back-off seconds)."""
+
+
+def warn_and_retry(what: str, *, quiet: type[Exception], logger: logging.Logger = log) -> OnError:
+    """An ``on_error`` that logs ``"<what> failed; retrying"`` at warning with the key, the error
+    and the back-off, with the traceback unless the error is a ``quiet`` one (an expected
+    failure such as a conflict or a store error)."""
+
+    def on_error(key: str, exc: Exception, backoff: float) -> None:
+        logger.warning(
+            "%s failed; retrying",
+            what,
+            exc_info=not isinstance(exc, quiet),
+            extra=ctx(key=key, error=str(exc), retry_seconds=backoff),
+        )
+
+    return on_error
 
 
 class WorkQueue:
@@ -106,6 +131,37 @@ class WorkQueue:
         if key in self._again:
             self._again.discard(key)
             self.add(key)
+
+    async def process_next(
+        self,
+        reconcile: Callable[[str], Awaitable[float | None]],
+        *,
+        on_error: OnError,
+        admit: Callable[[], bool] | None = None,
+    ) -> None:
+        """Wait for the next key and reconcile it, as client-go's ``processNextWorkItem``:
+        success forgets its back-off (and a returned delay, in seconds, queues it again
+        after that long); a failure queues it again after its back-off and calls
+        ``on_error(key, error, back-off seconds)``; cancellation (shutdown, lost leadership)
+        queues it again and propagates. ``admit``: checked once the key is taken; when
+        false the key goes back unreconciled (a worker paused while it waited)."""
+        key = await self.get()
+        try:
+            if admit is not None and not admit():
+                self.add(key)
+                return
+            delay = await reconcile(key)
+        except asyncio.CancelledError:
+            self.add(key)  # interrupted: do it again next time
+            raise
+        except Exception as exc:
+            on_error(key, exc, self.fail(key))
+        else:
+            self.forget(key)
+            if delay is not None:
+                self.add_after(key, delay)
+        finally:
+            self.done(key)
 
     def _promote(self) -> None:
         now = self._clock.now_utc()

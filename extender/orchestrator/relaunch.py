@@ -43,7 +43,7 @@ from extender import tasks
 from extender.lease.events import ObjectRef, event_object
 from extender.lease.mirror import Mirror
 from extender.lease.planner import EventType
-from extender.lease.workqueue import WorkQueue
+from extender.lease.workqueue import WorkQueue, warn_and_retry
 from extender.orchestrator import dag as dagmod
 from extender.orchestrator import profile as profiles
 from extender.orchestrator import runstatus
@@ -181,24 +181,9 @@ class RelaunchController:
             await self._clock.wait(tick, self._settings.lease.resync_seconds)
 
     async def _work(self) -> None:
+        on_error = warn_and_retry("orchestration reconcile", quiet=StoreError, logger=log)
         while True:
-            key = await self._queue.get()
-            try:
-                await self.reconcile(key)
-            except asyncio.CancelledError:
-                self._queue.add(key)
-                raise
-            except Exception as exc:
-                backoff = self._queue.fail(key)
-                log.warning(
-                    "orchestration reconcile failed; retrying",
-                    exc_info=not isinstance(exc, StoreError),
-                    extra=ctx(key=key, error=str(exc), retry_seconds=backoff),
-                )
-            else:
-                self._queue.forget(key)
-            finally:
-                self._queue.done(key)
+            await self._queue.process_next(self.reconcile, on_error=on_error)
 
     def _lease_changed(self, type: WatchType, obj: JsonObj) -> None:
         status = obj.get("status")

@@ -60,7 +60,7 @@ from extender.lease.events import ObjectRef, event_object
 from extender.lease.mirror import Mirror
 from extender.lease.planner import EventType
 from extender.lease.view import parse_time
-from extender.lease.workqueue import WorkQueue
+from extender.lease.workqueue import WorkQueue, warn_and_retry
 from extender.orchestrator import profile as profiles
 from extender.rollout import age
 from extender.rollout import plan as rollout
@@ -288,24 +288,9 @@ class RolloutController:
             self._enqueue_all()
 
     async def _work(self) -> None:
+        on_error = warn_and_retry("rollout reconcile", quiet=Conflict, logger=log)
         while True:
-            key = await self._queue.get()
-            try:
-                await self.reconcile(key)
-            except asyncio.CancelledError:
-                self._queue.add(key)
-                raise
-            except Exception as exc:
-                backoff = self._queue.fail(key)
-                log.warning(
-                    "rollout reconcile failed; retrying",
-                    exc_info=not isinstance(exc, Conflict),
-                    extra=ctx(key=key, error=str(exc), retry_seconds=backoff),
-                )
-            else:
-                self._queue.forget(key)
-            finally:
-                self._queue.done(key)
+            await self._queue.process_next(self.reconcile, on_error=on_error)
 
     # ------------------------------------------------------------------ triggers
 

@@ -64,3 +64,50 @@ async def test_failures_back_off_exponentially_up_to_the_cap_until_forgotten() -
 def test_bad_delays_are_refused() -> None:
     with pytest.raises(ValueError, match="base_delay"):
         WorkQueue(ManualClock(datetime(2026, 1, 1, tzinfo=UTC)), base_delay=2.0, max_delay=1.0)
+
+
+async def test_process_next_settles_each_outcome_as_client_gos_worker_does() -> None:
+    queue, clock = make()
+    errors: list[tuple[str, str, float]] = []
+
+    def on_error(key: str, exc: Exception, backoff: float) -> None:
+        errors.append((key, str(exc), backoff))
+
+    async def fails(key: str) -> float | None:
+        raise RuntimeError(f"{key} broke")
+
+    async def again_in_5(key: str) -> float | None:
+        return 5.0
+
+    queue.add("a")
+    await queue.process_next(fails, on_error=on_error)
+    assert errors == [("a", "a broke", 1.0)] and queue.failures("a") == 1 and queue.idle  # back-off
+    await clock.advance(1)
+    await queue.process_next(again_in_5, on_error=on_error)  # success: forgotten, due again in 5 s
+    assert queue.failures("a") == 0 and queue.idle
+    getter = asyncio.create_task(queue.get(), name="get")
+    await asyncio.sleep(0.01)
+    await clock.advance(4)
+    await asyncio.sleep(0.01)
+    assert not getter.done()
+    await clock.advance(1)
+    assert await asyncio.wait_for(getter, 1) == "a"
+    queue.done("a")
+
+    queue.add("b")
+    await queue.process_next(fails, on_error=on_error, admit=lambda: False)  # paused: back, untouched
+    assert len(queue) == 1 and queue.failures("b") == 0 and len(errors) == 1
+
+    started = asyncio.Event()
+
+    async def hangs(key: str) -> float | None:
+        started.set()
+        await asyncio.Event().wait()
+        return None
+
+    worker = asyncio.create_task(queue.process_next(hangs, on_error=on_error), name="worker")
+    await started.wait()
+    worker.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await worker
+    assert len(queue) == 1 and not queue.active  # interrupted: queued again
