@@ -587,8 +587,15 @@ def _env_proxy(url: URL) -> str | None:
     (aiohttp sends them as ``Proxy-Authorization``, on the ``CONNECT`` for an HTTPS API
     server). Only ``http://`` proxies, as aiohttp supports: another scheme is logged and the
     API server reached directly."""
-    proxy = ProxyEnvironment.read(os.environ).proxy_for(url)
+    environment = ProxyEnvironment.read(os.environ)
+    proxy = environment.proxy_for(url)
     if proxy is None:
+        unparsable = environment.unparsable(url)
+        if unparsable is not None:  # client-go would try it and fail; say why it is not used
+            log.warning(
+                "proxy from the environment does not parse as a URL with a host; connecting directly",
+                extra=ctx(proxy=unparsable.rpartition("@")[2], host=url.host),
+            )
         return None
     if proxy.scheme != "http":
         log.warning(

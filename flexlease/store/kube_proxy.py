@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+import idna
 from yarl import URL
 
 _DEFAULT_PORTS: Final = {"http": "80", "https": "443", "socks5": "1080"}
@@ -76,7 +77,9 @@ class NoProxy:
                 continue
             if entry == "*":
                 return cls(everything=True)
-            if "/" in entry:  # IPv4/CIDR, IPv6/CIDR (Go's ParseCIDR: a network, host bits allowed)
+            if "/" in entry and entry.rpartition("/")[2].isdigit():
+                # IPv4/CIDR, IPv6/CIDR (Go's ParseCIDR: a prefix length, not a netmask;
+                # host bits allowed)
                 try:
                     networks.append(ipaddress.ip_network(entry, strict=False))
                 except ValueError:
@@ -142,31 +145,46 @@ class ProxyEnvironment:
 
     def proxy_for(self, url: URL) -> URL | None:
         """The proxy for requests to ``url`` (``https``: ``HTTPS_PROXY``, ``http``:
-        ``HTTP_PROXY``, other schemes: none), or None when there is none or ``NO_PROXY``
-        bypasses ``url``'s host and port (the scheme's default port when it has none). A
-        proxy value whose scheme is not ``http``, ``https`` or ``socks5`` (``host:port``
-        among them) is read as ``http://`` followed by the value."""
-        value = {"https": self.https_proxy, "http": self.http_proxy}.get(url.scheme, "")
-        proxy = _parse_proxy(value)
-        if proxy is None or url.host is None:
+        ``HTTP_PROXY``, other schemes: none), or None when there is none, it does not parse
+        (:meth:`unparsable` tells), or ``NO_PROXY`` bypasses ``url``'s host and port (the
+        scheme's default port when it has none). A value without ``scheme://`` is read as
+        ``http://`` followed by it; one with a scheme is kept whatever the scheme. Never
+        raises, whatever the environment holds."""
+        if self._bypassed(url):
             return None
+        return _parse_proxy(self._value(url))
+
+    def unparsable(self, url: URL) -> str | None:
+        """The proxy variable that would apply to ``url`` when it is set but does not parse as
+        a URL with a host (so :meth:`proxy_for` answers None for it), else None."""
+        value = self._value(url)
+        if not value or self._bypassed(url) or _parse_proxy(value) is not None:
+            return None
+        return value
+
+    def _value(self, url: URL) -> str:
+        return {"https": self.https_proxy, "http": self.http_proxy}.get(url.scheme, "")
+
+    def _bypassed(self, url: URL) -> bool:
+        host = url.raw_host
+        if host is None:
+            return True
         port = str(url.explicit_port) if url.explicit_port is not None else _DEFAULT_PORTS.get(url.scheme, "")
-        if NoProxy.parse(self.no_proxy).bypasses(_ascii(url.raw_host or url.host), port):
-            return None
-        return proxy
+        return NoProxy.parse(self.no_proxy).bypasses(host, port)
 
 
 def _parse_proxy(value: str) -> URL | None:
     """httpproxy's ``parseProxy``: a value without ``scheme://`` (``host``, ``host:port``) is
     read as ``http://`` followed by it; one with a scheme is kept as it is, whatever the
-    scheme; None for an empty value or one that does not parse as a URL with a host."""
+    scheme; None for an empty value or one that does not parse as a URL with a host (yarl
+    raises more than ``ValueError`` on some, and decodes IDNA host labels lazily)."""
     if not value:
         return None
     try:
         proxy = URL(value if "://" in value else "http://" + value)
-    except ValueError:
+        return proxy if proxy.host else None
+    except Exception:  # whatever yarl raises on a malformed value: not a proxy
         return None
-    return proxy if proxy.host else None
 
 
 def _split_host_port(entry: str) -> tuple[str | None, str]:
@@ -221,12 +239,13 @@ def _in_network(ip: IPAddress, net: IPNetwork) -> bool:
 
 
 def _ascii(host: str) -> str:
-    """``host`` in IDNA ASCII form when it is not ASCII and converts (Go's ``idnaASCII``),
-    else as given; a leading dot (a ``NO_PROXY`` suffix) is kept."""
+    """``host`` in IDNA ASCII form by UTS #46 (as Go's ``idna.Lookup.ToASCII`` and yarl's host
+    encoding) when it is not ASCII and converts, else as given; a leading dot (a
+    ``NO_PROXY`` suffix) is kept."""
     if host.isascii():
         return host
     dot = "." if host.startswith(".") else ""
     try:
-        return dot + host.removeprefix(".").encode("idna").decode("ascii")
-    except UnicodeError:
+        return dot + idna.encode(host.removeprefix("."), uts46=True).decode("ascii")
+    except (idna.IDNAError, UnicodeError, ValueError):
         return host

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import socket
 import ssl
 import subprocess
@@ -21,9 +22,11 @@ import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio.client import ApiClient
+from yarl import URL
 
 from flexlease.config import StoreSettings
 from flexlease.errors import StoreError
+from flexlease.store import kube
 from flexlease.store.base import Kind
 from flexlease.store.kube import KubeStore
 from flexlease.store.kube_auth import load_configuration
@@ -299,6 +302,7 @@ async def in_cluster_store(
     return KubeStore(ApiClient(configuration), StoreSettings(kind="kube"))
 
 
+@pytest.mark.usefixtures("cluster_dns")  # should the proxy be skipped, no real DNS query
 async def test_https_proxy_from_the_environment_is_read_once(
     tmp_path: Path, pki: Pki, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -349,6 +353,7 @@ async def test_no_proxy_naming_the_api_server_goes_direct(
     assert seen == [f"CONNECT {API_NAME}:{port} -"]  # 127.0.0.1: direct, whatever NO_PROXY says
 
 
+@pytest.mark.usefixtures("cluster_dns")  # should the proxy be skipped, no real DNS query
 async def test_http_proxy_credentials_reach_the_proxy_for_a_plain_http_api_server(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -365,14 +370,30 @@ async def test_http_proxy_credentials_reach_the_proxy_for_a_plain_http_api_serve
     assert seen == [f"GET {url}/api/v1/pods?limit=500 {basic}"]
 
 
+@pytest.mark.usefixtures("cluster_dns")
 async def test_a_kubeconfig_proxy_url_wins_over_the_environment(
     tmp_path: Path, token_api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The API server by name (127.0.0.1 would never be proxied, by either): the
+    kubeconfig's ``proxy-url`` carries the request, the environment's proxy sees nothing."""
     clear_proxy_environment(monkeypatch)
+    url = token_api.url.replace("127.0.0.1", API_NAME)
     async with forward_proxy() as (proxy, seen), forward_proxy() as (other, unused):
         monkeypatch.setenv("HTTP_PROXY", other)
-        path = write_kubeconfig(
-            tmp_path / "config", token_api.url, {"token": "kubeconfig-token"}, {"proxy-url": proxy}
-        )
+        path = write_kubeconfig(tmp_path / "config", url, {"token": "kubeconfig-token"}, {"proxy-url": proxy})
         assert await list_pods(await KubeStore.connect(StoreSettings(kind="kube", kubeconfig=path))) == 0
-    assert len(seen) == 1 and seen[0].startswith(f"GET {token_api.url}/api/v1/pods") and unused == []
+    assert len(seen) == 1 and seen[0].startswith(f"GET {url}/api/v1/pods") and unused == []
+
+
+def test_a_proxy_variable_that_does_not_parse_is_logged_and_not_used(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """client-go would try such a proxy and fail; here the store connects directly and says
+    why, naming the proxy without its credentials."""
+    clear_proxy_environment(monkeypatch)
+    monkeypatch.setenv("HTTPS_PROXY", "http://ops:s3cret@proxy.xn--zz:3128")  # not a valid IDNA label
+    with caplog.at_level(logging.WARNING, logger="flexlease.store.kube"):
+        assert kube._env_proxy(URL(f"https://{API_NAME}:443")) is None
+    (record,) = [r for r in caplog.records if r.name == "flexlease.store.kube"]
+    assert "does not parse" in record.getMessage()
+    assert record.__dict__["proxy"] == "proxy.xn--zz:3128" and "s3cret" not in str(record.__dict__)

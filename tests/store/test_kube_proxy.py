@@ -149,11 +149,48 @@ def test_any_no_proxy_and_host_are_answered(no_proxy: str, host: str) -> None:
     NoProxy.parse(no_proxy).bypasses(host, "443")
 
 
+URLISH = st.text(alphabet="./:[]%@*-,_ 0123456789abcdefxnzAZäß示", max_size=40)
+"""Text made of what proxy values and NO_PROXY lists are made of (IDNA labels included)."""
+
+
 @given(
-    st.text(max_size=60),
-    st.text(max_size=60),
-    st.sampled_from(["https://10.96.0.1", "http://api.example.com:6443"]),
+    st.one_of(URLISH, st.text(max_size=40)),
+    st.one_of(URLISH, st.text(max_size=40)),
+    st.sampled_from(["https://10.96.0.1", "http://api.example.com:6443", "https://[fd00::1]:6443"]),
 )
 def test_any_proxy_value_is_answered(proxy: str, no_proxy: str, url: str) -> None:
-    """A proxy variable that is not a URL means no proxy, never an exception."""
-    ProxyEnvironment(http_proxy=proxy, https_proxy=proxy, no_proxy=no_proxy).proxy_for(URL(url))
+    """Whatever the variables hold: a proxy, or none and then either NO_PROXY bypasses the
+    URL or :meth:`ProxyEnvironment.unparsable` names the value — never an exception."""
+    environment = ProxyEnvironment(http_proxy=proxy, https_proxy=proxy, no_proxy=no_proxy)
+    target = URL(url)
+    chosen = environment.proxy_for(target)
+    unparsable = environment.unparsable(target)
+    if chosen is not None:
+        assert unparsable is None and chosen.host
+    elif proxy:
+        port = str(target.port)
+        assert unparsable == proxy or NoProxy.parse(no_proxy).bypasses(target.raw_host or "", port)
+
+
+@pytest.mark.parametrize(
+    "proxy", ["http://proxy.xn--zz:3128", "http://[]@", "http://u:p[w]d@", "http://:3128", "p:abc"]
+)
+def test_a_proxy_that_does_not_parse_is_named_not_used(proxy: str) -> None:
+    environment = ProxyEnvironment(https_proxy=proxy, no_proxy="10.0.0.0/8")
+    assert environment.proxy_for(URL("https://api.example.com")) is None
+    assert environment.unparsable(URL("https://api.example.com")) == proxy
+    assert environment.unparsable(URL("https://10.96.0.1")) is None  # bypassed: never used anyway
+
+
+def test_host_names_are_compared_in_their_uts46_ascii_form() -> None:
+    """``straße.de`` is ``xn--strae-oqa.de`` by UTS #46 (Go's idna.Lookup, yarl), not
+    ``strasse.de`` (IDNA 2003, Python's ``idna`` codec)."""
+    environment = ProxyEnvironment(https_proxy="p", no_proxy="straße.de")
+    assert environment.proxy_for(URL("https://api.straße.de")) is None
+    assert environment.proxy_for(URL("https://api.strasse.de")) is not None
+
+
+def test_a_netmask_is_not_a_cidr_range() -> None:
+    """Go's ``ParseCIDR`` takes a prefix length only: ``10.0.0.0/255.0.0.0`` matches nothing."""
+    assert not NoProxy.parse("10.0.0.0/255.0.0.0").bypasses("10.1.2.3", "443")
+    assert NoProxy.parse("10.0.0.0/8").bypasses("10.1.2.3", "443")
