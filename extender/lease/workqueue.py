@@ -20,16 +20,15 @@ from datetime import datetime, timedelta
 from flexlease.clock import Clock
 from flexlease.logging import ctx
 
-log = logging.getLogger(__name__)
-
 OnError = Callable[[str, Exception, float], None]
 """What :meth:`WorkQueue.process_next` calls on a failed reconcile: (key, error, back-off seconds)."""
 
 
-def warn_and_retry(what: str, *, quiet: type[Exception], logger: logging.Logger = log) -> OnError:
-    """An ``on_error`` that logs ``"<what> failed; retrying"`` at warning with the key, the error
-    and the back-off, with the traceback unless the error is a ``quiet`` one (an expected
-    failure such as a conflict or a store error)."""
+def warn_and_retry(what: str, *, quiet: type[Exception], logger: logging.Logger) -> OnError:
+    """An ``on_error`` that logs ``"<what> failed; retrying"`` at warning on ``logger`` (the
+    controller's own, so its warnings keep their logger name) with the key, the error and the
+    back-off, with the traceback unless the error is a ``quiet`` one (an expected failure such
+    as a conflict or a store error)."""
 
     def on_error(key: str, exc: Exception, backoff: float) -> None:
         logger.warning(
@@ -146,10 +145,11 @@ class WorkQueue:
         queues it again and propagates. ``admit``: checked once the key is taken; when
         false the key goes back unreconciled (a worker paused while it waited)."""
         key = await self.get()
+        if admit is not None and not admit():
+            self.add(key)  # still active: queued again by done()
+            self.done(key)
+            return
         try:
-            if admit is not None and not admit():
-                self.add(key)
-                return
             delay = await reconcile(key)
         except asyncio.CancelledError:
             self.add(key)  # interrupted: do it again next time

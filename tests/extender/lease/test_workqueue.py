@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime
 
 import pytest
 
-from extender.lease.workqueue import WorkQueue
+from extender.lease.workqueue import WorkQueue, warn_and_retry
 from flexlease.clock import ManualClock
 
 
@@ -111,3 +112,37 @@ async def test_process_next_settles_each_outcome_as_client_gos_worker_does() -> 
     with pytest.raises(asyncio.CancelledError):
         await worker
     assert len(queue) == 1 and not queue.active  # interrupted: queued again
+
+
+async def test_a_success_without_a_delay_is_not_queued_again() -> None:
+    queue, _ = make()
+
+    async def done_for_now(key: str) -> float | None:
+        return None
+
+    queue.add("a")
+    queue.fail("a")
+    await queue.process_next(done_for_now, on_error=lambda key, exc, backoff: None)
+    assert queue.idle and queue.failures("a") == 0 and len(queue) == 0
+
+
+def test_warn_and_retry_logs_on_the_callers_logger_with_a_traceback_unless_quiet(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("tests.controller")
+    on_error = warn_and_retry("rollout reconcile", quiet=KeyError, logger=logger)
+    with caplog.at_level(logging.WARNING, logger="tests.controller"):
+        for exc in (KeyError("gone"), RuntimeError("bug")):
+            try:
+                raise exc
+            except Exception as raised:  # on_error runs inside the except block, as process_next calls it
+                on_error("ns/job", raised, 2.0)
+    quiet, loud = caplog.records
+    assert quiet.name == loud.name == "tests.controller"
+    assert quiet.getMessage() == "rollout reconcile failed; retrying"
+    assert not quiet.exc_info and loud.exc_info and loud.exc_info[0] is RuntimeError
+    assert (loud.__dict__["key"], loud.__dict__["error"], loud.__dict__["retry_seconds"]) == (
+        "ns/job",
+        "bug",
+        2.0,
+    )
