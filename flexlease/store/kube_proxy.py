@@ -81,7 +81,7 @@ class NoProxy:
                 # IPv4/CIDR, IPv6/CIDR (Go's ParseCIDR: a prefix length, not a netmask;
                 # host bits allowed)
                 try:
-                    networks.append(ipaddress.ip_network(entry, strict=False))
+                    networks.append(_as_go_network(ipaddress.ip_network(entry, strict=False)))
                 except ValueError:
                     pass
                 else:
@@ -231,6 +231,16 @@ def _is_loopback(ip: IPAddress) -> bool:
 
 def _same_ip(a: IPAddress, b: IPAddress) -> bool:
     return _unmapped(a) == _unmapped(b)
+
+
+def _as_go_network(net: IPNetwork) -> IPNetwork:
+    """``net`` as Go's ``IPNet.Contains`` sees it: an IPv4-mapped IPv6 range of at least 96
+    bits (``::ffff:10.0.0.0/104``) is the IPv4 range it maps (``10.0.0.0/8``)."""
+    if isinstance(net, ipaddress.IPv6Network) and net.prefixlen >= 96:
+        mapped = net.network_address.ipv4_mapped
+        if mapped is not None:
+            return ipaddress.IPv4Network((mapped, net.prefixlen - 96))
+    return net
 
 
 def _in_network(ip: IPAddress, net: IPNetwork) -> bool:

@@ -194,3 +194,10 @@ def test_a_netmask_is_not_a_cidr_range() -> None:
     """Go's ``ParseCIDR`` takes a prefix length only: ``10.0.0.0/255.0.0.0`` matches nothing."""
     assert not NoProxy.parse("10.0.0.0/255.0.0.0").bypasses("10.1.2.3", "443")
     assert NoProxy.parse("10.0.0.0/8").bypasses("10.1.2.3", "443")
+
+
+def test_an_ipv4_mapped_range_holds_the_ipv4_hosts_it_maps() -> None:
+    """As Go's ``IPNet.Contains``: ``::ffff:10.0.0.0/104`` is ``10.0.0.0/8``."""
+    no_proxy = NoProxy.parse("::ffff:10.0.0.0/104")
+    assert no_proxy.bypasses("10.96.0.1", "443") and no_proxy.bypasses("::ffff:10.96.0.1", "443")
+    assert not no_proxy.bypasses("11.0.0.1", "443")
