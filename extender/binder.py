@@ -99,6 +99,14 @@ class _Again:
     pod: JsonObj | None = None
 
 
+def _bound_as_asked(req: GpuRequest, cur: GpuRequest, node: str, assignment: Assignment | None) -> bool:
+    """Whether ``cur`` (pod ``req`` read back after a failed Binding) is that same pod (the
+    uid the bind decided on, when it had one) bound to ``node`` with ``assignment`` (any
+    binding to ``node`` for a pod without GPUs, ``assignment`` None): the Binding landed."""
+    same_pod = not req.uid or cur.uid == req.uid
+    return same_pod and cur.node_name == node and (assignment is None or cur.assignment == assignment)
+
+
 def _resource_version(pod: JsonObj) -> str | None:
     """``metadata.resourceVersion`` of ``pod`` when it is a non-empty string, else None."""
     meta = pod.get("metadata")
@@ -351,13 +359,11 @@ class Binder:
         tells (as :meth:`_binding_failed` does after an error that may have committed)."""
         key = req.key
         try:
-            raw = await self._store.get(Kind.POD, req.name, namespace=req.namespace)
-            cur = parse_pod(raw, self._resource)
+            raw, cur = await self._read_back(req)
         except FlexleaseError as read_exc:
             message = f"binding pod {key} to {node} failed: {exc}; reading the pod back failed: {read_exc}"
             return self._fail(key, node, message, cause="store_error")
-        same_pod = not req.uid or cur.uid == req.uid
-        if same_pod and cur.node_name == node and (assignment is None or cur.assignment == assignment):
+        if _bound_as_asked(req, cur, node, assignment):
             if pod_uid is not None:
                 self._inventory.renew(pod_uid)
             return BindOutcome("idempotent", assignment=cur.assignment)
@@ -377,9 +383,7 @@ class Binder:
         to another pod before the watch says whether the Binding landed."""
         key = req.key
         try:
-            cur = parse_pod(
-                await self._store.get(Kind.POD, req.name, namespace=req.namespace), self._resource
-            )
+            _, cur = await self._read_back(req)
         except FlexleaseError as read_exc:
             if exc.status is not None and 400 <= exc.status < 500:  # refused: it did not land
                 self._inventory.forget(pod_uid)
@@ -392,10 +396,16 @@ class Binder:
                     extra=ctx(pod=key, node=node, gpu=",".join(map(str, assignment.indices))),
                 )
         else:
-            if cur.node_name == node and cur.assignment == assignment:
+            if _bound_as_asked(req, cur, node, assignment):
                 return BindOutcome("idempotent", assignment=assignment)
             self._inventory.forget(pod_uid)
         return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
+
+    async def _read_back(self, req: GpuRequest) -> tuple[JsonObj, GpuRequest]:
+        """Pod ``req`` as the store holds it now, and its parse. Raises ``StoreError`` (the
+        read) or ``RequestError`` (the parse), both ``FlexleaseError``."""
+        raw = await self._store.get(Kind.POD, req.name, namespace=req.namespace)
+        return raw, parse_pod(raw, self._resource)
 
     @staticmethod
     def _fail(key: str, node: str, message: str, *, cause: str) -> BindOutcome:

@@ -93,8 +93,6 @@ class NoProxy:
             if ip is not None:
                 addresses.append(_Address(ip, port))
                 continue
-            if not host:
-                continue
             if host.startswith("*."):
                 host = host[1:]
             exact = not host.startswith(".")

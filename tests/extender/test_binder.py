@@ -478,17 +478,29 @@ async def test_a_lagging_watch_costs_a_refused_binding_and_a_read(
     assert inv.claimed_nodes(pod["metadata"]["uid"]) == {"n1"}
 
 
+async def without_watch_copy(
+    start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch, node: JsonObj, pod: JsonObj
+) -> tuple[Any, JsonObj]:
+    """``node`` and pending ``pod`` in the store, the extender started, and its Pod watch
+    giving the binder no copy of any pod (as for pods outside the watch's filter): every bind
+    reads the pod. Returns (client, the pod as created)."""
+    await add_node(store, node)
+    client = await start()
+    created = await add_pod(store, pod)
+    monkeypatch.setattr(client.app[server.INVENTORY], "unbound_pod", lambda uid: None)
+    return client, created
+
+
 async def test_a_decision_on_a_read_is_never_applied_to_a_pod_changed_since(
     start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No watch copy: the bind decides on the pod as read, and another writer raises its
     reliability to HA before the Binding. The Binding, conditional on the version read, is
     refused; the pod read again no longer fits n1's LA GPUs, and nothing is written."""
-    await add_node(store, payloads.gpunode("n1", gpus=2, tiers="LA"))
-    client = await start()
-    pod = await add_pod(store, payloads.pod("p", gpus=2))
+    client, pod = await without_watch_copy(
+        start, store, monkeypatch, payloads.gpunode("n1", gpus=2, tiers="LA"), payloads.pod("p", gpus=2)
+    )
     inv = client.app[server.INVENTORY]
-    monkeypatch.setattr(inv, "unbound_pod", lambda uid: None)
     store.after_pod_read = [{"metadata": {"annotations": {keys.ANN_RELIABILITY: "HA"}}}]
     error = await bind(client, pod)
     assert error.startswith("no longer fits on n1"), error
@@ -505,11 +517,10 @@ async def test_a_decision_on_a_read_is_never_applied_to_a_pod_changed_since(
 async def test_a_pod_that_changes_after_every_read_fails_its_bind_after_three(
     start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await add_node(store, payloads.gpunode("n1", gpus=2))
-    client = await start()
-    pod = await add_pod(store, payloads.pod("p", gpus=2))
+    client, pod = await without_watch_copy(
+        start, store, monkeypatch, payloads.gpunode("n1", gpus=2), payloads.pod("p", gpus=2)
+    )
     inv = client.app[server.INVENTORY]
-    monkeypatch.setattr(inv, "unbound_pod", lambda uid: None)
     store.churn = True
     error = await bind(client, pod)
     assert error == "pod ml/p changed between its read and its Binding 3 times; retry"
@@ -583,10 +594,9 @@ async def test_a_pod_recreated_under_its_name_and_bound_is_not_the_pod_asked_for
     """Between the read and the Binding, pod p (uid U1) is deleted and created again (U2)
     already on n1: the Binding for U1 is refused, and the bind fails on the uid rather than
     reporting U2's binding as U1's."""
-    await add_node(store, payloads.gpunode("n1", gpus=2))
-    client = await start()
-    pod = await add_pod(store, payloads.pod("p", gpus=0))
-    monkeypatch.setattr(client.app[server.INVENTORY], "unbound_pod", lambda uid: None)
+    client, pod = await without_watch_copy(
+        start, store, monkeypatch, payloads.gpunode("n1", gpus=2), payloads.pod("p", gpus=0)
+    )
 
     async def recreate() -> None:
         await store.delete(Kind.POD, "p", namespace="ml", grace_period_seconds=0)
@@ -707,10 +717,9 @@ async def test_the_watchs_copy_is_left_as_it_was(start: Any, store: FlakyStore) 
 async def test_a_failed_read_is_counted_as_a_read(
     start: Any, store: FlakyStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await add_node(store, payloads.gpunode("n1", gpus=2))
-    client = await start()
-    pod = await add_pod(store, payloads.pod("p", gpus=1))
-    monkeypatch.setattr(client.app[server.INVENTORY], "unbound_pod", lambda uid: None)
+    client, pod = await without_watch_copy(
+        start, store, monkeypatch, payloads.gpunode("n1", gpus=2), payloads.pod("p", gpus=1)
+    )
     store.fail_get = 1
     assert "cannot read pod ml/p" in await bind(client, pod)
     assert sources(client) == {"watch": 0.0, "read": 1.0, "stale_watch": 0.0}

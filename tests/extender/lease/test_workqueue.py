@@ -17,6 +17,18 @@ def make() -> tuple[WorkQueue, ManualClock]:
     return WorkQueue(clock, base_delay=1.0, max_delay=8.0), clock
 
 
+async def handed_out_after(queue: WorkQueue, clock: ManualClock, seconds: int) -> str:
+    """The key :meth:`WorkQueue.get` hands out once ``seconds`` of clock time have passed,
+    checking that it waits until then (not handed out a second earlier)."""
+    getter = asyncio.create_task(queue.get(), name="get")
+    await asyncio.sleep(0.01)
+    await clock.advance(seconds - 1)
+    await asyncio.sleep(0.01)
+    assert not getter.done()
+    await clock.advance(1)
+    return await asyncio.wait_for(getter, 1)
+
+
 async def test_duplicates_collapse_and_order_is_kept() -> None:
     queue, _ = make()
     for key in ("a", "b", "a", "c", "b"):
@@ -45,13 +57,7 @@ async def test_add_after_waits_for_clock_time() -> None:
     queue, clock = make()
     queue.add_after("a", 10)
     queue.add_after("a", 30)  # the earliest wins
-    getter = asyncio.create_task(queue.get(), name="get")
-    await asyncio.sleep(0.01)
-    await clock.advance(9)
-    await asyncio.sleep(0.01)
-    assert not getter.done()
-    await clock.advance(1)
-    assert await asyncio.wait_for(getter, 1) == "a"
+    assert await handed_out_after(queue, clock, 10) == "a"
 
 
 async def test_failures_back_off_exponentially_up_to_the_cap_until_forgotten() -> None:
@@ -86,13 +92,7 @@ async def test_process_next_settles_each_outcome_as_client_gos_worker_does() -> 
     await clock.advance(1)
     await queue.process_next(again_in_5, on_error=on_error)  # success: forgotten, due again in 5 s
     assert queue.failures("a") == 0 and queue.idle
-    getter = asyncio.create_task(queue.get(), name="get")
-    await asyncio.sleep(0.01)
-    await clock.advance(4)
-    await asyncio.sleep(0.01)
-    assert not getter.done()
-    await clock.advance(1)
-    assert await asyncio.wait_for(getter, 1) == "a"
+    assert await handed_out_after(queue, clock, 5) == "a"
     queue.done("a")
 
     queue.add("b")
