@@ -29,7 +29,8 @@ class _Group(BaseModel):
 
 
 class StoreSettings(_Group):
-    """Which store backs the process (DESIGN §5)."""
+    """Which store backs the process: the Kubernetes API server on a cluster, a shared SQLite file on
+    one machine, or memory."""
 
     kind: Literal["sqlite", "kube", "memory"] = Field(
         default="sqlite",
@@ -351,7 +352,8 @@ class OrchestratorSettings(_Group):
 
 
 class AgentSettings(_Group):
-    """The node agent (DaemonSet). Sub-groups are owned by their components."""
+    """The node agent (DaemonSet): NVML health, the availability ledger, the device plugin, image and
+    checkpoint caches, hot restarts and streaming-data staging."""
 
     node_name: str = Field(
         default_factory=lambda: os.environ.get("NODE_NAME", ""),
