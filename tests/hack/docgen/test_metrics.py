@@ -1,5 +1,5 @@
-"""hack/docgen/metrics.py: every metric flexlease defines, read from the source, agrees with what
-the real registries of the extender and the node agent expose (names, types, labels)."""
+"""hack/docgen/metrics.py: the metrics read from the source include everything the real registries
+of the extender and the node agent expose, with the same types and labels."""
 
 from __future__ import annotations
 
@@ -45,13 +45,15 @@ def _documented(deployable: str) -> dict[str, metrics.MetricDoc]:
 
 
 def _agree(exposed: dict[str, tuple[str, set[str]]], documented: dict[str, metrics.MetricDoc]) -> None:
-    assert set(exposed) == set(documented)
+    """Everything the real registry exposes is documented, with its type and labels. (Not the
+    reverse: a metric of a component this test does not build is documented all the same.)"""
+    assert exposed and set(exposed) <= set(documented), set(exposed) - set(documented)
     for name, (kind, labels) in exposed.items():
         assert kind == documented[name].type, name
         assert labels <= set(documented[name].labels), (name, labels)
 
 
-async def test_the_extender_exposes_exactly_the_documented_metrics() -> None:
+async def test_every_metric_the_extender_exposes_is_documented() -> None:
     registry = CollectorRegistry()
     create_app(Settings(), MemoryStore(), registry=registry)
     LeaseMetrics(registry)
@@ -60,7 +62,7 @@ async def test_the_extender_exposes_exactly_the_documented_metrics() -> None:
     _agree(_exposed(registry.collect()), _documented("extender"))
 
 
-async def test_the_agent_exposes_exactly_the_documented_metrics(tmp_path: Path) -> None:
+async def test_every_metric_the_agent_exposes_is_documented(tmp_path: Path) -> None:
     clock = ManualClock(START)
     settings = make_settings(tmp_path)
     ctx, backend = await make_context(settings, MemoryStore(), clock, node_config(count=1))
