@@ -66,12 +66,27 @@ def test_nothing_reads_the_shared_folder_beside_the_repository() -> None:
     """Code, scripts, manifests and configuration name no path under ``../shared``: a clone
     of the project has everything it reads."""
     sources = subprocess.run(
-        ["git", "ls-files", "-z", "--", "*.py", "*.sh", "*.toml", "*.yaml", "*.yml", "*.json", "*.cfg", "Dockerfile*"],
+        [
+            "git",
+            "ls-files",
+            "-z",
+            "--",
+            "*.py",
+            "*.sh",
+            "*.toml",
+            "*.yaml",
+            "*.yml",
+            "*.json",
+            "*.cfg",
+            "Dockerfile*",
+        ],
         cwd=REPO,
         capture_output=True,
         check=True,
     ).stdout.decode()
-    pattern = re.compile(r"\.\./shared\b|(?<![\w.])shared/(?:data|papers)\b|/work/shared\b|[\"']shared[\"'] */")
+    pattern = re.compile(
+        r"\.\./shared\b|(?<![\w.])shared/(?:data|papers)\b|/work/shared\b|[\"']shared[\"'] */"
+    )
     me = Path(__file__).relative_to(REPO).as_posix()
     hits = [
         f"{name}:{n}: {line.strip()}"
