@@ -106,7 +106,8 @@ def missing_defaults(obj: Obj) -> list[str]:
     out = []
     where = f"{obj['kind']}/{obj['metadata']['name']}"
     for path, definition, element in _walk(obj, _definition(obj), "", atomic=False):
-        for field, default in DEFAULTS.get(definition, lambda _: {})(element).items():
+        defaults = DEFAULTS.get(definition)
+        for field, default in (defaults(element) if defaults else {}).items():
             if field not in element:
                 out.append(f"{where}{path}.{field}: {default!r}")
     return out
