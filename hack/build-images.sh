@@ -16,7 +16,8 @@
 #
 # --check: then import both archives into a private containerd (hack/containerd-testbed.sh) and
 # run each image's entrypoint with --help, and an import of every flexlease module's
-# dependencies, as the image's own user; and print each image's user and OCI labels.
+# dependencies, as the image's own user; print each image's user and OCI labels; and run the
+# agent for real (simulated GPUs) with a read-only root filesystem until it serves its metrics.
 #
 # Runs as root (buildah with the vfs storage driver and chroot isolation, so it works inside
 # VMs and containers without overlay or user namespaces); installs buildah and mmdebstrap
@@ -100,7 +101,33 @@ for name in extender agent; do
   run "$image" "check-$name-user" id -u | sed "s/^/build-images: $name runs as uid /" >&2
   run "$image" "check-$name-imports" python -c \
     'import extender.main, nodeagent.main, flexlease.cri.api_pb2_grpc, pynvml, kubernetes_asyncio, numpy, uvloop'
-  buildah inspect --type image --format '{{.OCIv1.Config.User}} {{json .OCIv1.Config.Labels}}' "$image" \
-    | sed "s/^/build-images: $name user and labels: /" >&2
+  buildah inspect --type image "$image" | "$PY" -c 'import json, sys
+c = json.load(sys.stdin)["OCIv1"]["config"]
+print(c.get("User"), json.dumps(c.get("Labels"), sort_keys=True))' | sed "s/^/build-images: $name user and labels: /" >&2
 done
+
+# The agent for real, as its DaemonSet runs it: a read-only root filesystem, the state directory
+# (/var/lib/flexlease-agent, a hostPath there) the only writable mount; simulated GPUs and the
+# in-memory store, so it needs no cluster. It must serve its metrics with NVML up.
+run_dir=$tb/agent-run && mkdir -p "$run_dir/state" "$run_dir/cfg" && chmod 777 "$run_dir/state"
+printf 'name: n1\ngpus: {count: 2, model: NVIDIA H20, memoryMiB: 97871}\nevents: []\n' >"$run_dir/cfg/node.yaml"
+port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+log "ctr run --read-only localhost/flexlease/agent:$TAG flexlease-agent (simulated GPUs) on 127.0.0.1:$port"
+ctr --address "$tb/containerd.sock" -n k8s.io run --rm --net-host --read-only \
+  --mount "type=bind,src=$run_dir/cfg,dst=/cfg,options=rbind:ro" \
+  --mount "type=bind,src=$run_dir/state,dst=/var/lib/flexlease-agent,options=rbind:rw" \
+  "localhost/flexlease/agent:$TAG" check-agent-run flexlease-agent --nvml=simulated --node-config=/cfg/node.yaml \
+  --node-name=n1 --store=memory --metrics-host=127.0.0.1 --metrics-port="$port" >"$run_dir/log" 2>&1 &
+agent_pid=$!
+up=0
+for _ in $(seq 60); do
+  if "$PY" -c 'import sys, urllib.request
+body = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=1).read().decode()
+sys.exit(0 if "flexlease_nvml_up{node=\"n1\"} 1.0" in body else 1)' "$port" 2>/dev/null; then up=1; break; fi
+  sleep 0.5
+done
+ctr --address "$tb/containerd.sock" -n k8s.io task kill check-agent-run >/dev/null 2>&1 || true
+wait "$agent_pid" || true
+[ "$up" = 1 ] || { tail -20 "$run_dir/log" >&2; log "the agent did not serve its metrics"; exit 1; }
+log "the agent ran with a read-only root; it wrote only $(cd "$run_dir/state" && echo *)"
 log "both images import and run"

@@ -36,7 +36,11 @@ def run_deps(function: str, tmp_path: Path) -> tuple[list[str], list[str]]:
         recorder.chmod(0o755)
     env = {**os.environ, "PYTHON": str(bin_dir / "python"), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     subprocess.run(
-        ["bash", "-c", f". hack/lib/deps.sh && {function}"], cwd=ROOT, env=env, check=True, capture_output=True
+        ["bash", "-c", f". hack/lib/deps.sh && {function}"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
     )
 
     def calls(name: str) -> list[str]:
@@ -58,7 +62,9 @@ def test_the_tests_install_the_test_extra(tmp_path: Path) -> None:
 
 
 def test_apt_installs_only_what_is_missing(tmp_path: Path) -> None:
-    _, apt = run_deps("apt_install_missing sh:dash flexlease-no-such-tool:pkg-a /no/such/path:pkg-b", tmp_path)
+    _, apt = run_deps(
+        "apt_install_missing sh:dash flexlease-no-such-tool:pkg-a /no/such/path:pkg-b", tmp_path
+    )
     if os.geteuid() == 0:
         assert apt == ["update -qq", "install -y -qq --no-install-recommends pkg-a pkg-b"]
     else:
@@ -122,5 +128,7 @@ def test_the_demo_extra_and_the_core_cover_what_the_demo_imports() -> None:
 
 
 def test_the_test_extra_takes_in_the_demo_and_the_simulator() -> None:
-    (own,) = [Requirement(r) for r in PROJECT["optional-dependencies"]["test"] if r.startswith(PROJECT["name"])]
+    (own,) = [
+        Requirement(r) for r in PROJECT["optional-dependencies"]["test"] if r.startswith(PROJECT["name"])
+    ]
     assert own.extras == {"demo", "sim"}
