@@ -450,6 +450,9 @@ class LeaseController:
         added = len(plan.status.supplemented_from_standby) - len(lease.status.supplemented_from_standby)
         if added > 0:
             self.metrics.supplements.inc(added)
+        returned = len(plan.status.reclaimed) - len(lease.status.reclaimed)
+        if returned > 0:
+            self.metrics.reclaimed_gpus.inc(returned)
         if (
             lease.spec.action is LeaseAction.RECLAIM
             and plan.status.phase is LeasePhase.DONE

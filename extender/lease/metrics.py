@@ -25,6 +25,7 @@ EVICTIONS_REFUSED: Final = "flexlease_lease_evictions_refused"
 EVICTIONS: Final = "flexlease_lease_evictions"
 NOTICES: Final = "flexlease_lease_preempt_notices"
 SUPPLEMENTS: Final = "flexlease_lease_standby_supplements"
+RECLAIMED_GPUS: Final = "flexlease_lease_reclaimed_gpus"
 RECONCILE_ERRORS: Final = "flexlease_lease_reconcile_errors"
 
 RECLAIM_BUCKETS: Final = (5.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -88,6 +89,12 @@ class LeaseMetrics:
         self.notices = Counter(NOTICES, "Graceful-reclaim notices written on LP pods.", registry=registry)
         self.supplements = Counter(
             SUPPLEMENTS, "Lent GPUs replaced one-for-one from the standby pool.", registry=registry
+        )
+        self.reclaimed_gpus = Counter(
+            RECLAIMED_GPUS,
+            "Lent GPUs back with their owner's pods after a Reclaim (the same GPU: status.reclaimed; "
+            "replacements are counted by flexlease_lease_standby_supplements_total).",
+            registry=registry,
         )
         self.reconcile_errors = Counter(
             RECONCILE_ERRORS,
