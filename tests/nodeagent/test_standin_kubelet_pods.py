@@ -370,3 +370,49 @@ async def test_a_gpu_container_cannot_restart_while_a_plugin_requiring_pre_start
         await plugin.stop()
         await devices.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_an_image_that_cannot_start_crash_loops_with_kubelets_back_off(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    """The sequence seen on kubelet v1.36 with an image whose entrypoint does not exist: each start
+    fails (containerd: StartError, exit code 128); the second try comes at once (the back-off is
+    armed then), the next ones after 10 s, 20 s, … capped at 300 s, with CrashLoopBackOff in
+    between."""
+    clock = Clock()
+    await _pod(store, "broken", containerd_testbed.trainer_broken)
+    kubelet = standin_kubelet(store, NODE, clock=clock)
+
+    async def status() -> JsonObj:
+        [entry] = (await store.get(Kind.POD, "broken", namespace="default"))["status"]["containerStatuses"]
+        return dict(entry)
+
+    await kubelet.sync_once()  # attempt 0: StartError
+    first = await status()
+    assert first["state"]["waiting"]["reason"] == "RunContainerError"
+    assert first["lastState"]["terminated"]["exitCode"] == 128
+    assert first["lastState"]["terminated"]["reason"] == "StartError"
+    assert "no-such-entrypoint" in first["lastState"]["terminated"]["message"]
+    await kubelet.sync_once()  # PLEG saw it die: attempt 1 at once
+    await kubelet.sync_once()  # now in back-off
+    assert [c.attempt for c in await _trainers(cri, kubelet, "broken")] == [1]  # GC keeps the newest
+    waiting = (await status())["state"]["waiting"]
+    assert waiting["reason"] == "CrashLoopBackOff"
+    assert waiting["message"].startswith(
+        "back-off 10s restarting failed container=trainer pod=broken_default"
+    )
+    attempt = 1
+    for backoff, after in ((10, 20), (20, 40), (40, 80), (80, 160), (160, 300), (300, 300)):
+        clock.now += backoff - 0.1
+        await kubelet.sync_once()
+        assert [c.attempt for c in await _trainers(cri, kubelet, "broken")] == [attempt]
+        clock.now += 0.1
+        await kubelet.sync_once()  # restarted: fails again
+        await kubelet.sync_once()
+        attempt += 1
+        assert [c.attempt for c in await _trainers(cri, kubelet, "broken")] == [attempt]
+        current = await status()
+        assert current["restartCount"] == attempt
+        assert current["state"]["waiting"]["message"].startswith(f"back-off {after}s restarting failed")
+        assert current["lastState"]["terminated"]["exitCode"] == 128
+    assert await _running(cri, kubelet, "broken") == []
