@@ -105,6 +105,17 @@ async def _running(*coros: Any) -> AsyncIterator[None]:
                 await t
 
 
+async def _started(
+    store: MemoryStore, standin_kubelet: KubeletFactory, name: str, image: str, *, policy: str = "Always"
+) -> tuple[StandInKubelet, str]:
+    """A pod running ``image`` under a stand-in kubelet (one sync, not running on); the kubelet
+    and the pod's sandbox id."""
+    await _kpod(store, name, image, policy=policy)
+    kubelet = standin_kubelet(store, NODE)
+    await kubelet.sync_once()
+    return kubelet, kubelet.sandbox_id("default", name)
+
+
 async def _request(store: MemoryStore, name: str, **request: str) -> None:
     await store.patch(
         Kind.POD,
@@ -148,10 +159,7 @@ async def test_kubelet_strategy_patches_the_image_and_confirms_by_image_id(
     cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
 ) -> None:
     tb = containerd_testbed
-    await _kpod(store, "job-k1", tb.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-k1")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-k1", tb.trainer_v1)
     before = await cri.pod_sandbox_status(sandbox_id)
     [old] = await _trainers(cri, sandbox_id)
     v1 = await cri.image_status(tb.trainer_v1)
@@ -185,10 +193,7 @@ async def test_same_image_restart_switches_tag_and_digest_without_backoff(
     cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
 ) -> None:
     image = containerd_testbed.registry_trainer  # pulled from the registry: it has a repo digest
-    await _kpod(store, "job-k2", image)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-k2")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-k2", image)
     info = await cri.image_status(image)
     assert info is not None and info.repo_digests
     digest_form = f"{image.rsplit(':', 1)[0]}@{info.repo_digests[0].split('@', 1)[1]}"
@@ -215,10 +220,7 @@ async def test_jobs_refuse_same_image_restarts_and_take_image_changes(
     cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
 ) -> None:
     tb = containerd_testbed
-    await _kpod(store, "job-k3", tb.trainer_v1, policy="OnFailure")
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-k3")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-k3", tb.trainer_v1, policy="OnFailure")
     [old] = await _trainers(cri, sandbox_id)
 
     async with _running(kubelet.run(), _controller(store, cri).run()):
@@ -243,10 +245,7 @@ async def test_jobs_refuse_same_image_restarts_and_take_image_changes(
 async def test_direct_is_refused_on_a_kubelet_pod(
     cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
 ) -> None:
-    await _kpod(store, "job-k4", containerd_testbed.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-k4")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-k4", containerd_testbed.trainer_v1)
     [old] = await _trainers(cri, sandbox_id)
     async with _running(kubelet.run(), _controller(store, cri).run()):
         await _request(
@@ -286,10 +285,7 @@ async def test_the_standin_reproduces_the_direct_race(
     """Why ``direct`` is refused on kubelet pods: forced through the restarter, kubelet starts
     its own copy from the spec and two trainers run in one sandbox."""
     tb = containerd_testbed
-    await _kpod(store, "job-k5", tb.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-k5")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-k5", tb.trainer_v1)
     [old] = await _trainers(cri, sandbox_id)
     racing = _KubeletSyncsAfterStop(cri, kubelet)
     restarter = HotRestarter(
@@ -307,10 +303,8 @@ async def test_the_standin_reproduces_the_direct_race(
 async def test_kubelet_strategy_without_a_running_kubelet_times_out_and_stops_nothing(
     cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
 ) -> None:
-    await _kpod(store, "job-k6", containerd_testbed.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()  # ran the pod, then stopped syncing
-    sandbox_id = kubelet.sandbox_id("default", "job-k6")
+    # The pod ran, then the kubelet stopped syncing.
+    _, sandbox_id = await _started(store, standin_kubelet, "job-k6", containerd_testbed.trainer_v1)
     [old] = await _trainers(cri, sandbox_id)
     async with _running(_controller(store, cri, kubelet_wait=0.5).run()):
         await _request(store, "job-k6", id="t", container="trainer", image=containerd_testbed.trainer_v2)
@@ -361,10 +355,7 @@ async def test_prelaunch_fetches_the_checkpoint_before_the_spec_patch(
         tmp_path / "ckpt", capacity_bytes=1 << 30, metrics=CheckpointMetrics(CollectorRegistry())
     )
     await cache.open()
-    await _kpod(store, "job-k7", tb.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-k7")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-k7", tb.trainer_v1)
     [old] = await _trainers(cri, sandbox_id)
     good = {"id": "job-k7/step-7", "url": url, "sha256": hashlib.sha256(data).hexdigest()}
     bad = {**good, "id": "job-k7/bad", "sha256": "0" * 64}
@@ -458,10 +449,7 @@ async def test_a_broken_image_is_reported_in_seconds_and_rolled_back(
     into the spec, and the job trains on it again. (Before: Failed after 120 s, attempt 1, the pod
     left crash-looping.)"""
     tb = containerd_testbed
-    await _kpod(store, "job-b1", tb.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-b1")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-b1", tb.trainer_v1)
     [old] = await _trainers(cri, sandbox_id)
     broken = await cri.image_status(tb.trainer_broken)
     assert broken is not None
@@ -509,10 +497,7 @@ async def test_a_replacement_kubelet_cannot_create_is_reported_from_its_status_a
     """No container ever exists for the new image (CreateContainer refuses it: no command), so
     CRI shows nothing failing: kubelet's waiting reason in the pod's status says it."""
     tb = containerd_testbed
-    await _kpod(store, "job-b2", tb.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-b2")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-b2", tb.trainer_v1)
     async with _running(kubelet.run(), _controller(store, cri, kubelet_wait=120.0).run()):
         await _request(store, "job-b2", id="nocmd", container="trainer", image=tb.trainer_nocmd)
         await _final(store, "job-b2", "nocmd", within=30)
@@ -531,10 +516,7 @@ async def test_with_rollback_off_a_failed_restart_is_only_reported(
     cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
 ) -> None:
     tb = containerd_testbed
-    await _kpod(store, "job-b3", tb.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-b3")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-b3", tb.trainer_v1)
     async with _running(kubelet.run(), _controller(store, cri, kubelet_wait=120.0, rollback=False).run()):
         await _request(store, "job-b3", id="broken", container="trainer", image=tb.trainer_broken)
         status = await _final(store, "job-b3", "broken", within=30)
@@ -551,10 +533,7 @@ async def test_a_restart_resumed_after_the_agent_was_killed_ends_with_every_fiel
     meanwhile; the next agent finds the replacement running and ends the request with every
     field a restart it saw through carries (imageId, pauseSeconds, totalSeconds, …)."""
     tb = containerd_testbed
-    await _kpod(store, "job-r1", tb.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-r1")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-r1", tb.trainer_v1)
     async with _running(kubelet.run(), _controller(store, cri).run()):
         await _request(store, "job-r1", id="normal", container="trainer", image=tb.trainer_v2)
         normal = await _final(store, "job-r1", "normal")
@@ -616,13 +595,10 @@ async def test_a_rollback_interrupted_by_an_agent_restart_is_finished_by_the_nex
     cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
 ) -> None:
     tb = containerd_testbed
-    await _kpod(store, "job-r2", tb.trainer_v1)
-    kubelet = standin_kubelet(store, NODE)
-    await kubelet.sync_once()
-    sandbox_id = kubelet.sandbox_id("default", "job-r2")
+    kubelet, sandbox_id = await _started(store, standin_kubelet, "job-r2", tb.trainer_v1)
     dying = _DiesBeforeTheRollbackPatch(store, tb.trainer_v1)
     async with _running(kubelet.run()):
-        agent = asyncio.create_task(_controller(dying, cri).run())  # type: ignore[arg-type]
+        agent = asyncio.create_task(_controller(dying, cri).run())
         try:
             await _request(store, "job-r2", id="broken", container="trainer", image=tb.trainer_broken)
             await asyncio.wait_for(dying.reached.wait(), 30)
