@@ -464,15 +464,27 @@ class HotRestartController:
             patch_spec=patch_spec,
             pod=pod_name,
         )
-        return await self._rolled_back(failed, back, old_exit_ns=old_exit_ns)
+        return await self._rolled_back(failed, back, old_exit_ns=old_exit_ns, pod_name=pod_name)
 
     async def _rolled_back(
-        self, failed: HotRestartStatus, back: Rollback, *, old_exit_ns: int
+        self, failed: HotRestartStatus, back: Rollback, *, old_exit_ns: int, pod_name: str
     ) -> HotRestartStatus:
         """``failed`` with the rollback's result: ``rollback`` ended, and ``containerId``,
         ``attempt`` and ``pauseSeconds`` (old exit → the rolled-back container's start) of
         the container now running."""
         ran = back.container
+        if not back.succeeded:
+            log.error(
+                "hot restart rollback failed; the pod is left as it is",
+                extra=ctx(
+                    pod=pod_name,
+                    node=self.node,
+                    container=failed.container,
+                    request=failed.id,
+                    image=back.image,
+                    error=back.message,
+                ),
+            )
         update: dict[str, Any] = {"rollback": _rollback_status(back), "finished_at": self._now()}
         if ran is not None:
             if ran.id == failed.previous_container_id:
@@ -529,7 +541,7 @@ class HotRestartController:
             back = await self._restarter.roll_back_direct(
                 decision.sandbox_id, decision.old, attempt=decision.attempt, pod=pod_name
             )
-            final = await self._rolled_back(failed, back, old_exit_ns=0)
+            final = await self._rolled_back(failed, back, old_exit_ns=0, pod_name=pod_name)
         await self._write_final(key, final)
 
     async def _adopted(self, decision: Adopt, base: HotRestartStatus) -> HotRestartStatus:
