@@ -444,6 +444,30 @@ class AgentSettings(_Group):
         description="For hot-restart requests naming none: ``auto`` picks ``kubelet`` for sandboxes a "
         "kubelet manages and ``direct`` for those flexlease runs itself (``flexlease.io/no-kubelet``).",
     )
+    hot_restart_kubelet_wait_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "Hot restart, kubelet strategy: how long the agent waits, after writing the new image "
+            "into the pod spec, for kubelet's replacement container to run before it reports the "
+            "restart Failed (seconds; it includes the pod's termination grace period, which kubelet "
+            "gives the old container first). A replacement that fails sooner — StartError, exit code "
+            "128, CrashLoopBackOff, ErrImagePull/ImagePullBackOff, CreateContainerError, "
+            "CreateContainerConfigError, RunContainerError — is reported as soon as it is seen (the "
+            "agent looks every 0.2 s). The same bound applies to kubelet running the previous image "
+            "again after a rollback."
+        ),
+    )
+    hot_restart_rollback: bool = Field(
+        default=True,
+        description=(
+            "Undo a hot restart whose replacement fails after the old container was stopped, so the "
+            "job trains again: kubelet strategy, the previous image is written back into the pod spec "
+            "and kubelet's restart of it confirmed; direct strategy, the old container's config is "
+            "started again as a new attempt. The hot-restart-status reports it under 'rollback'. "
+            "Off: the failure is only reported and the pod is left as it is."
+        ),
+    )
     device_plugin: bool = Field(
         default=True,
         description="Serve the kubelet device-plugin API for ``gpu_resource`` (replaces NVIDIA's plugin).",

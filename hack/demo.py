@@ -13,10 +13,11 @@ Run by ``hack/local-up.sh`` (the README's first command), which starts a private
 * this driver, which plays kube-scheduler (every pending pod goes filter → prioritize → bind
   through the extender, wire format of ``k8s.io/kube-scheduler/extender/v1``), a kubelet
   stand-in (every bound pod is admitted through its node agent's device plugin over gRPC —
-  ``GetPreferredAllocation`` → ``Allocate`` → ``PreStartContainer``, with one test kubelet per
-  node from ``standins.kubelet_devices`` serving Registration and PodResources — then runs as
-  a CRI sandbox + container with the ``NVIDIA_VISIBLE_DEVICES`` the plugin returned; evicted
-  pods are torn down) and the online job's controller.
+  ``GetPreferredAllocation`` → ``Allocate``; no ``PreStartContainer``, which the plugin does
+  not ask for — with one test kubelet per node from ``standins.kubelet_devices`` serving
+  Registration and PodResources — then runs as a CRI sandbox + container with the
+  ``NVIDIA_VISIBLE_DEVICES`` the plugin returned; evicted pods are torn down) and the online
+  job's controller.
 
 The day (simulated time): 00:00 the online job ``recsys/ranker`` starts 16 one-GPU HA pods on
 nodes gpu-0 and gpu-1; 01:00 traffic falls and it lends gpu-1's 8 GPUs (``GPULease`` Lend);

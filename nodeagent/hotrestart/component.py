@@ -90,6 +90,8 @@ class HotRestartComponent:
             self.runtime.cri,
             self.runtime.images,
             checkpoints=self.runtime.checkpoints,
+            kubelet_wait_seconds=s.hot_restart_kubelet_wait_seconds,
+            rollback=s.hot_restart_rollback,
         )
 
         strategy = None if s.hot_restart_strategy == "auto" else Strategy(s.hot_restart_strategy)
@@ -104,6 +106,7 @@ class HotRestartComponent:
                 metrics=self.metrics,
                 events=EventRecorder(ctx.store, component="flexlease-agent", instance=ctx.node),
                 staging=staging,
+                rollback=s.hot_restart_rollback,
             )
 
         if s.staging_nats_url is None:
