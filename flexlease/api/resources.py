@@ -124,6 +124,25 @@ class CacheStatus(KubeModel):
     checkpoints: list[CheckpointRef] = Field(default_factory=list)
 
 
+class PrelaunchStatus(KubeModel):
+    """``status.prelaunch``: the node's inputs of the prelaunch window W (WeFlex §3.3, formulas
+    1–3; :func:`flexlease.prelaunch.prelaunch_window`) other than the job's own sizes, written by
+    the node agent's cache component, read by the extender's lease autopilot for the lead time
+    of a Reclaim. Bandwidths in bytes per second: the registry's and the checkpoint storage's
+    as measured by this node's transfers (an exponentially weighted average) when ``measured``
+    names them, else the agent's assumed values, as are the network's and the GPU's;
+    ``gpuAdjustSeconds`` T_gpu_adj. ``imageBytes``: the size of each image on the node (η_cache
+    is 1 for an image listed here; a job's image listed on any node gives its S_img)."""
+
+    net_bytes_per_second: float = Field(gt=0)
+    registry_bytes_per_second: float = Field(gt=0)
+    storage_bytes_per_second: float = Field(gt=0)
+    gpu_bytes_per_second: float = Field(gt=0)
+    gpu_adjust_seconds: float = Field(default=0.0, ge=0)
+    measured: list[str] = Field(default_factory=list)
+    image_bytes: dict[str, int] = Field(default_factory=dict)
+
+
 class NodeSummary(KubeModel):
     """Counts for ``kubectl get gpunodes`` printer columns (JSONPath cannot count).
 
@@ -143,6 +162,7 @@ class GPUNodeStatus(KubeModel):
     agent: AgentInfo | None = None
     devices: dict[str, DeviceStatus] = Field(default_factory=dict)
     cache: CacheStatus = Field(default_factory=CacheStatus)
+    prelaunch: PrelaunchStatus | None = None
     summary: NodeSummary | None = None
 
 
