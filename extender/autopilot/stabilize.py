@@ -34,7 +34,9 @@ def stabilize(plan: Sequence[int], *, step_seconds: float, rho: int, tau_seconds
     and ``tau_seconds`` (see the module docstring). Same length as ``plan``. Raises
     ``ValueError`` for ``step_seconds`` <= 0, ``rho`` < 1 or negative ``tau_seconds``."""
     if step_seconds <= 0 or rho < 1 or tau_seconds < 0:
-        raise ValueError(f"need step_seconds > 0, rho >= 1, tau_seconds >= 0; got {step_seconds}, {rho}, {tau_seconds}")
+        raise ValueError(
+            f"need step_seconds > 0, rho >= 1, tau_seconds >= 0; got {step_seconds}, {rho}, {tau_seconds}"
+        )
     runs = segments(plan)
     changed = True
     while changed:
