@@ -19,7 +19,8 @@ reconcile reading afresh what decides a write:
    anyone's — means hold (never two in flight);
 5. a Lend or Reclaim is *created* as a GPULease named ``<policy>-<lend|reclaim>-<sequence>``
    with labels ``flexlease.io/policy`` and ``flexlease.io/policy-sequence``, then the status is
-   written (demand, plan, forecast, lastDecision, conditions). The lease is the record: were the
+   written (demand, plan, forecast, lastDecision, conditions; a Lend or Reclaim stays the last
+   decision while its lease is in flight, then a Hold with its reason replaces it). The lease is the record: were the
    status write lost, the next reconcile finds the lease in flight, and the next sequence is
    past every sequence the policy's leases carry, so a name is never used twice. With
    ``dryRun`` no lease is written; the decision is in the status and an Event.
@@ -414,11 +415,9 @@ class AutopilotController:
         decision = policy.status.last_decision
         previous_sequence = decision.sequence if decision is not None else 0
         if verdict.action is DecisionAction.HOLD:
-            if (
-                decision is None
-                or decision.action is not DecisionAction.HOLD
-                or decision.reason != verdict.reason
-            ):
+            # a Lend or Reclaim stays the last decision while its lease is carried out
+            carried_out = decision is not None and decision.lease is not None and decision.lease in flying
+            if not carried_out and (decision is None or decision.reason != verdict.reason):
                 decision = Decision(
                     at=_utc(now), action=verdict.action, reason=verdict.reason, sequence=previous_sequence
                 )
