@@ -20,9 +20,10 @@ reconcile reading afresh what decides a write:
 5. a Lend or Reclaim is *created* as a GPULease named ``<policy>-<lend|reclaim>-<sequence>``
    with labels ``flexlease.io/policy`` and ``flexlease.io/policy-sequence``, then the status is
    written (demand, plan, forecast, lastDecision, conditions; a Lend or Reclaim stays the last
-   decision while its lease is in flight, then a Hold with its reason replaces it). The lease is the record: were the
-   status write lost, the next reconcile finds the lease in flight, and the next sequence is
-   past every sequence the policy's leases carry, so a name is never used twice. With
+   decision while its lease is in flight, then a Hold with its reason replaces it). The lease
+   is the record: were the status write lost, the next reconcile finds the lease in flight,
+   and the next sequence is past every sequence the policy's leases carry, so a name is never
+   used twice. With
    ``dryRun`` no lease is written; the decision is in the status and an Event.
 
 Decisions (Lend, Reclaim, dry-run ones) are Events on the policy (reasons ``Lend``,
