@@ -27,6 +27,7 @@ import signal
 import socket
 import ssl
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
@@ -56,6 +57,15 @@ from flexlease.store.kube_filter import ManagedPods
 from flexlease.store.leader import ElectionConfig, LeaderElector
 
 log = logging.getLogger(__name__)
+
+
+def scaled_clock(settings: Settings) -> ScaledClock:
+    """The accelerated clock of ``clock_speedup``: from the process's start, or pinned to
+    ``clock_origin`` (it then reads ``origin + (time.time() - origin) * speedup``)."""
+    speedup, origin = settings.clock_speedup, settings.clock_origin
+    if origin is None:
+        return ScaledClock(speedup)
+    return ScaledClock(speedup, start=origin + (time.time() - origin) * speedup)
 
 
 def process_registry() -> CollectorRegistry:
@@ -159,7 +169,7 @@ async def run(settings: Settings) -> None:
     pods = ManagedPods(resource=settings.extender.gpu_resource)
     store = await factory.open_store(settings.store, pod_filter=pods)
     registry = process_registry()
-    clock = SystemClock() if settings.clock_speedup == 1.0 else ScaledClock(settings.clock_speedup)
+    clock = SystemClock() if settings.clock_speedup == 1.0 else scaled_clock(settings)
     elector: LeaderElector | None = None
     contexts: list[CleanupContext] = []
     if settings.lease.leader_election:

@@ -287,6 +287,12 @@ class Settings(BaseSettings):
     clock_speedup: float = Field(default=1.0, gt=0)
     """Simulated time runs this many times faster than real time (demo, simulator); 1 = real.
     Scales grace periods and resyncs of the lease controller (``FLEXLEASE_CLOCK_SPEEDUP``)."""
+    clock_origin: float | None = Field(
+        default=None,
+        description="With clock_speedup: the real epoch second at which the accelerated clock "
+        "equals real time; it reads origin + (now - origin) x speedup, so another process (the demo) "
+        "knows the extender's time exactly. Unset: the clock starts at the process's start.",
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
     tiers: TierSettings = Field(default_factory=TierSettings)
     extender: ExtenderSettings = Field(default_factory=ExtenderSettings)

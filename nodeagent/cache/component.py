@@ -14,6 +14,7 @@ checkpoint cache is open, whether or not containerd is up yet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
@@ -150,7 +151,11 @@ class CacheComponent:
                 await self.publish(store, node)
             except (errors.CriError, errors.StoreError) as exc:
                 log.warning("GPUNode cache status not published", extra=ctx(node=node, error=str(exc)))
-            await asyncio.sleep(self._interval)
+            if self.runtime.connected.is_set():
+                await asyncio.sleep(self._interval)
+            else:  # publish the images as soon as containerd answers, not an interval later
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.runtime.connected.wait(), self._interval)
 
     async def publish(self, store: Store, node: str) -> bool:
         """Patch ``status.cache`` and ``status.prelaunch`` of the node's GPUNode when they
