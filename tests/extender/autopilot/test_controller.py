@@ -25,6 +25,7 @@ from flexlease.errors import StoreError
 from flexlease.store.base import Kind, Store
 from flexlease.store.memory import MemoryStore
 from tests.extender.lease.builders import gpunode, lease, pod
+from tests.extender.lease.test_controller import _true, eventually
 from tests.store.faults import FaultyStore
 
 OWNER = "online/rec"
@@ -62,15 +63,6 @@ def policy(name: str = "rec", **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": NS},
         "spec": body,
     }
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], *, within: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + within
-    while not await check():
-        if loop.time() > end:
-            pytest.fail("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def create_with_status(store: Store, kind: Kind, obj: dict[str, Any]) -> None:
@@ -121,10 +113,6 @@ async def running(
         for task in running_tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def read_policy(store: Store, name: str = "rec") -> GPULeasePolicy:
