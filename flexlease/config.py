@@ -317,6 +317,45 @@ class LeaseSettings(_Group):
     )
 
 
+class AutopilotSettings(_Group):
+    """The lease autopilot (``extender.autopilot``): turns ``GPULeasePolicy`` plans into leases."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Run the lease autopilot in the extender's leader (beside the lease controller; "
+        "needs lease.enabled). False: GPULeasePolicies are not acted on.",
+    )
+    resync_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How often each policy is reconciled at the latest: demand read, plan made, "
+        "a lease written when due (sooner when the plan changes before then). Part of leadTime: auto.",
+    )
+    prometheus_url: str | None = Field(
+        default=None,
+        description="Prometheus server the prometheus and forecast demand sources query "
+        "(http://prometheus-operated.monitoring:9090); unset: those policies report DemandKnown=False.",
+    )
+    prometheus_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="Timeout of one Prometheus HTTP request (seconds)."
+    )
+    forecast_retrain_seconds: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="How often a forecast policy's model is trained again on its history (daily).",
+    )
+    forecast_step_seconds: float = Field(
+        default=600.0,
+        ge=60,
+        description="Resolution of the forecast model (seconds per point; at least the policy's "
+        "stepSeconds): 600 keeps 28 days of history under Prometheus' 11,000 points per query.",
+    )
+    retry_base_seconds: float = Field(
+        default=1.0, gt=0, description="Back-off after a failed reconcile; doubles up to retry_max_seconds."
+    )
+    retry_max_seconds: float = Field(default=60.0, gt=0, description="Longest back-off after failures.")
+
+
 class OrchestratorSettings(_Group):
     """Topology-aware orchestration (WeFlex §3.4)."""
 
@@ -571,10 +610,17 @@ class Settings(BaseSettings):
         description="Simulated time runs this many times faster than real time (demo, simulator); "
         "1 = real. Scales grace periods and resyncs of the lease controller.",
     )
+    clock_origin: float | None = Field(
+        default=None,
+        description="With clock_speedup: the real epoch second at which the accelerated clock "
+        "equals real time; it reads origin + (now - origin) x speedup, so another process (the demo) "
+        "knows the extender's time exactly. Unset: the clock starts at the process's start.",
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
     tiers: TierSettings = Field(default_factory=TierSettings)
     extender: ExtenderSettings = Field(default_factory=ExtenderSettings)
     lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    autopilot: AutopilotSettings = Field(default_factory=AutopilotSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
     orchestrator: OrchestratorSettings = Field(default_factory=OrchestratorSettings)
 

@@ -13,6 +13,8 @@ GPUNODE_KIND: Final = "GPUNode"
 GPUNODE_PLURAL: Final = "gpunodes"
 GPULEASE_KIND: Final = "GPULease"
 GPULEASE_PLURAL: Final = "gpuleases"
+GPULEASEPOLICY_KIND: Final = "GPULeasePolicy"
+GPULEASEPOLICY_PLURAL: Final = "gpuleasepolicies"
 
 PREFIX: Final = f"{GROUP}/"
 
@@ -107,6 +109,18 @@ ANN_ORCHESTRATION_STATUS: Final = PREFIX + "orchestration-status"
 ``leaseUID``, ``leaseGeneration``, ``profile``, ``phase`` Running/Succeeded/Failed/Refused,
 ``replicas``, ``commands``, ``done`` steps, ``message``...), written by the extender's leader
 (:mod:`extender.orchestrator.relaunch`); a final phase for the lease's generation is never rerun."""
+
+# GPULease labels (written by the lease autopilot, extender.autopilot)
+LABEL_POLICY: Final = PREFIX + "policy"
+"""On a GPULease the lease autopilot wrote: the name of its ``GPULeasePolicy`` (same namespace)."""
+LABEL_POLICY_SEQUENCE: Final = PREFIX + "policy-sequence"
+"""On a GPULease the lease autopilot wrote: its decision's sequence number (decimal), so the next
+lease's name is never one the policy used before, even when its status write was lost."""
+
+# GPULease annotations (written by the lease controller)
+ANN_LEND_BASELINE: Final = PREFIX + "lend-baseline"
+"""On a ``Lend`` lease with ``spec.count``: the GPUs the owner's pods held when the controller
+first saw the lease, ``<node>:<idx>,<idx>;<node>:<idx>`` (released GPUs are taken from these)."""
 
 PRIORITY_HIGH: Final = "high"
 PRIORITY_LOW: Final = "low"

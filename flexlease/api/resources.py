@@ -171,6 +171,42 @@ class CacheStatus(KubeModel):
     )
 
 
+class PrelaunchStatus(KubeModel):
+    """``status.prelaunch``: the node's inputs of the prelaunch window W (WeFlex §3.3, formulas
+    1–3; :func:`flexlease.prelaunch.prelaunch_window`) other than the job's own sizes, written by
+    the node agent's cache component, read by the extender's lease autopilot for the lead time
+    of a Reclaim. Bandwidths in bytes per second: the registry's and the checkpoint storage's
+    as measured by this node's transfers (an exponentially weighted average) when ``measured``
+    names them, else the agent's assumed values, as are the network's and the GPU's;
+    ``gpuAdjustSeconds`` T_gpu_adj. ``imageBytes``: the size of each image on the node (η_cache
+    is 1 for an image listed here; a job's image listed on any node gives its S_img)."""
+
+    net_bytes_per_second: float = Field(
+        gt=0, description="B_net: the network's bandwidth to this node, bytes per second (assumed)."
+    )
+    registry_bytes_per_second: float = Field(
+        gt=0, description="B_reg: the image registry's bandwidth, bytes per second (measured when listed in measured)."
+    )
+    storage_bytes_per_second: float = Field(
+        gt=0,
+        description="B_sto: the checkpoint storage's bandwidth, bytes per second (measured when listed in measured).",
+    )
+    gpu_bytes_per_second: float = Field(
+        gt=0, description="B_gpu: host-to-GPU copy bandwidth, bytes per second (assumed)."
+    )
+    gpu_adjust_seconds: float = Field(
+        default=0.0, ge=0, description="T_gpu_adj: the GPU's adjustment time before a start, seconds."
+    )
+    measured: list[str] = Field(
+        default_factory=list,
+        description="Which bandwidths were measured by this node's transfers (``registry``, ``storage``); "
+        "the others are the agent's assumed values.",
+    )
+    image_bytes: dict[str, int] = Field(
+        default_factory=dict, description="Size in bytes of each image on the node (η_cache is 1 for these)."
+    )
+
+
 class NodeSummary(KubeModel):
     """Counts for ``kubectl get gpunodes`` printer columns (JSONPath cannot count).
 
@@ -194,6 +230,11 @@ class GPUNodeStatus(KubeModel):
         default_factory=dict, description="Per GPU, keyed by its NVML device index as a string."
     )
     cache: CacheStatus = Field(default_factory=CacheStatus, description="Images and checkpoints on the node.")
+    prelaunch: PrelaunchStatus | None = Field(
+        default=None,
+        description="The node's inputs of the prelaunch window (WeFlex §3.3), written by the agent's "
+        "cache component and read by the lease autopilot.",
+    )
     summary: NodeSummary | None = Field(
         default=None, description="Counts for ``kubectl get gpunodes`` (JSONPath cannot count)."
     )

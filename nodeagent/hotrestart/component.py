@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from flexlease import errors
 from flexlease.api import keys
+from flexlease.prelaunch import PrelaunchInputs, prelaunch_window
 from flexlease.store.base import JsonObj
 from flexlease.store.kube_util import EventRecorder
 from flexlease.streaming.jetstream import JetStreamBroker
@@ -22,7 +23,7 @@ from nodeagent.cache.component import CacheComponent, NodeRuntime
 from nodeagent.hotrestart.controller import HotRestartController, HotRestartMetrics
 from nodeagent.hotrestart.model import Strategy
 from nodeagent.hotrestart.restarter import HotRestarter
-from nodeagent.prelaunch import Bandwidths, PrelaunchInputs, prelaunch_window
+from nodeagent.prelaunch import Bandwidths
 from nodeagent.reclaim import ReclaimPrelaunch
 from nodeagent.staging import Stager, StagingMetrics
 
