@@ -19,6 +19,8 @@ from typing import Final
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
+
 from flexlease import config
 from flexlease.api import keys
 from hack.docgen import crds, labels, metrics, settings

@@ -117,11 +117,6 @@ LABEL_POLICY_SEQUENCE: Final = PREFIX + "policy-sequence"
 """On a GPULease the lease autopilot wrote: its decision's sequence number (decimal), so the next
 lease's name is never one the policy used before, even when its status write was lost."""
 
-# GPULease annotations (written by the lease controller)
-ANN_LEND_BASELINE: Final = PREFIX + "lend-baseline"
-"""On a ``Lend`` lease with ``spec.count``: the GPUs the owner's pods held when the controller
-first saw the lease, ``<node>:<idx>,<idx>;<node>:<idx>`` (released GPUs are taken from these)."""
-
 PRIORITY_HIGH: Final = "high"
 PRIORITY_LOW: Final = "low"
 

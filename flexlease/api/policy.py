@@ -279,18 +279,22 @@ class DemandStatus(KubeModel):
     """The demand read at ``observedAt``: GPUs, the raw value for a query, where it came from
     (``schedule``, ``prometheus``, ``forecast``, ``fallback``, ``lastDay``, ``unknown``) and why."""
 
-    gpus: int | None = None
-    value: float | None = None
-    source: str
-    observed_at: datetime
-    message: str = ""
+    gpus: int | None = Field(default=None, description="The demand in GPUs (none when unknown).")
+    value: float | None = Field(
+        default=None, description="The raw value a Prometheus query or the forecast gave (its own units)."
+    )
+    source: str = Field(
+        description="Where it came from: schedule, prometheus, forecast, fallback, lastDay or unknown."
+    )
+    observed_at: datetime = Field(description="When it was read (RFC 3339).")
+    message: str = Field(default="", description="Why this source, or why the demand is unknown.")
 
 
 class PlanSegment(KubeModel):
     """From ``start`` until the next segment: ``gpus``."""
 
-    start: datetime
-    gpus: int
+    start: datetime = Field(description="When this segment starts (RFC 3339).")
+    gpus: int = Field(description="GPUs the job should hold from start until the next segment.")
 
 
 class PlanStatus(KubeModel):
@@ -298,14 +302,24 @@ class PlanStatus(KubeModel):
     ``targetGPUs`` (the most the plan needs from now to now + lead time) against
     ``allocatedGPUs`` (what the job's pods hold)."""
 
-    computed_at: datetime
-    step_seconds: int
-    lead_time_seconds: float
-    lead_time_source: str = ""
-    target_gpus: int = Field(alias="targetGPUs")
-    allocated_gpus: int | None = Field(default=None, alias="allocatedGPUs")
-    lent_gpus: int = Field(default=0, alias="lentGPUs")
-    segments: list[PlanSegment] = Field(default_factory=list)
+    computed_at: datetime = Field(description="When the plan was computed (RFC 3339).")
+    step_seconds: int = Field(description="The plan's resolution, seconds per step.")
+    lead_time_seconds: float = Field(description="Lead time of a Reclaim used for this plan, seconds.")
+    lead_time_source: str = Field(
+        default="", description="Where the lead time came from (the prelaunch window, or the spec's seconds)."
+    )
+    target_gpus: int = Field(
+        alias="targetGPUs", description="The most GPUs the plan needs from now to now + lead time."
+    )
+    allocated_gpus: int | None = Field(
+        default=None, alias="allocatedGPUs", description="GPUs the job's pods hold now."
+    )
+    lent_gpus: int = Field(
+        default=0, alias="lentGPUs", description="GPUs the job has lent and not taken back."
+    )
+    segments: list[PlanSegment] = Field(
+        default_factory=list, description="The stabilized plan as change points."
+    )
 
 
 class ForecastStatus(KubeModel):
@@ -313,37 +327,49 @@ class ForecastStatus(KubeModel):
     ``start`` (demand units of the query), the model, the history it saw, and the MAPE (0–1)
     of the previous forecast against the day that followed its training."""
 
-    trained_at: datetime
-    start: datetime
-    step_seconds: int
-    model: str
-    history_points: int
-    values: list[float] = Field(default_factory=list)
-    upper: list[float] = Field(default_factory=list)
-    mape: float | None = None
-    mape_points: int = 0
+    trained_at: datetime = Field(description="When the model was trained (RFC 3339).")
+    start: datetime = Field(description="Time of the first forecast step (RFC 3339).")
+    step_seconds: int = Field(description="Seconds per forecast step.")
+    model: str = Field(description="The forecasting model (statsmodels' MSTL with ETS).")
+    history_points: int = Field(description="Points of history the model was trained on.")
+    values: list[float] = Field(default_factory=list, description="Point forecast per step (demand units).")
+    upper: list[float] = Field(
+        default_factory=list, description="Upper bound of the calibrated interval per step (demand units)."
+    )
+    mape: float | None = Field(
+        default=None,
+        description="Mean absolute percentage error (ratio 0-1) of the previous forecast against "
+        "the day after its training.",
+    )
+    mape_points: int = Field(default=0, description="Points the MAPE was computed over.")
 
 
 class Decision(KubeModel):
     """One decision: ``Lend``/``Reclaim`` ``count`` GPUs (``lease`` names the GPULease written;
     none in a dry run) or ``Hold``; ``sequence`` numbers the leases the policy wrote."""
 
-    at: datetime
-    action: DecisionAction
-    count: int = 0
-    lease: str | None = None
-    dry_run: bool = False
-    reason: str = ""
-    sequence: int = 0
+    at: datetime = Field(description="When it was decided (RFC 3339).")
+    action: DecisionAction = Field(description="Lend, Reclaim or Hold.")
+    count: int = Field(default=0, description="GPUs lent or reclaimed.")
+    lease: str | None = Field(default=None, description="The GPULease written (none in a dry run or a Hold).")
+    dry_run: bool = Field(default=False, description="The decision was only shown, no lease written.")
+    reason: str = Field(default="", description="Why, in words.")
+    sequence: int = Field(default=0, description="Sequence number of the leases this policy wrote.")
 
 
 class GPULeasePolicyStatus(KubeModel):
-    observed_generation: int | None = None
-    demand: DemandStatus | None = None
-    plan: PlanStatus | None = None
-    forecast: ForecastStatus | None = None
-    last_decision: Decision | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    """What the lease autopilot saw and decided; written only by it."""
+
+    observed_generation: int | None = Field(
+        default=None, description="The spec's metadata.generation this status was computed for."
+    )
+    demand: DemandStatus | None = Field(default=None, description="The demand last read.")
+    plan: PlanStatus | None = Field(default=None, description="The stabilized plan.")
+    forecast: ForecastStatus | None = Field(default=None, description="The last forecast (demand.forecast).")
+    last_decision: Decision | None = Field(default=None, description="The last decision taken.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Valid, DemandKnown and LeaseInFlight, as metav1.Condition."
+    )
 
 
 class GPULeasePolicy(KubeModel):
@@ -353,7 +379,9 @@ class GPULeasePolicy(KubeModel):
     kind: str = keys.GPULEASEPOLICY_KIND
     metadata: ObjectMeta
     spec: GPULeasePolicySpec
-    status: GPULeasePolicyStatus = Field(default_factory=GPULeasePolicyStatus)
+    status: GPULeasePolicyStatus = Field(
+        default_factory=GPULeasePolicyStatus, description="Written only by the lease autopilot."
+    )
 
 
 def parse_policy(obj: dict[str, Any]) -> GPULeasePolicy:

@@ -185,11 +185,14 @@ class PrelaunchStatus(KubeModel):
         gt=0, description="B_net: the network's bandwidth to this node, bytes per second (assumed)."
     )
     registry_bytes_per_second: float = Field(
-        gt=0, description="B_reg: the image registry's bandwidth, bytes per second (measured when listed in measured)."
+        gt=0,
+        description="B_reg: the image registry's bandwidth, bytes per second (measured when listed in "
+        "measured).",
     )
     storage_bytes_per_second: float = Field(
         gt=0,
-        description="B_sto: the checkpoint storage's bandwidth, bytes per second (measured when listed in measured).",
+        description="B_sto: the checkpoint storage's bandwidth, bytes per second (measured when listed in "
+        "measured).",
     )
     gpu_bytes_per_second: float = Field(
         gt=0, description="B_gpu: host-to-GPU copy bandwidth, bytes per second (assumed)."
