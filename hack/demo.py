@@ -140,6 +140,10 @@ class SimClock:
     def now(self) -> float:
         return (time.monotonic() - self._t0) * self.speedup
 
+    def sim_seconds(self, at: datetime) -> float:
+        """The demo's simulated second at the extender's time ``at`` (inverse of :meth:`extender_time`)."""
+        return at.timestamp() - self.extender_epoch
+
     def hhmm(self, t: float | None = None) -> str:
         t = self.now() if t is None else t
         return f"{int(t // HOUR):02d}:{int(t % HOUR // 60):02d}"
@@ -520,6 +524,20 @@ class Demo:
         obj = await self.store.get(Kind.GPULEASEPOLICY, OWNER_JOB, namespace=OWNER_NS)
         return GPULeasePolicy.model_validate(obj)
 
+    async def decided_at(self, lease: str, *, limit_s: float = 30) -> datetime:
+        """When the autopilot decided to write ``lease``, on the extender's clock: its policy's
+        ``status.lastDecision.at`` once that names the lease (the status is written right after
+        the lease). The demo's polling notices a lease up to a poll later than it was written;
+        this is the autopilot's own time."""
+
+        async def decided() -> datetime | None:
+            last = (await self.policy()).status.last_decision
+            return last.at if last is not None and last.lease == lease else None
+
+        what = f"the autopilot's decision for {lease}"
+        found: datetime = await self.wait_for(what, decided, limit_s=limit_s)
+        return found
+
     async def autopilot_lease(self, action: LeaseAction, *, limit_s: float = 120) -> JsonObj:
         """The autopilot's GPULease of ``action`` for the job, once it has written one."""
 
@@ -613,9 +631,9 @@ async def run_day(demo: Demo, *, report: dict[str, Any], end_hour: float = 24.0)
         raise DemoError(
             f"the autopilot's Lend asks for {lend_obj['spec'].get('count')} GPUs, not {len(leaving)}"
         )
+    lend_at = clock.hhmm(clock.sim_seconds(await demo.decided_at(lend_name)))
     holders = await demo.holders()
     lent = sorted(k for k, p in holders.items() if k.node == LENT_NODE)
-    lend_at = clock.hhmm()
     demo.say(f"autopilot: GPULease {lend_name} Lend {len(leaving)}; the job scales down {LENT_NODE}'s pods")
     lend_task = asyncio.create_task(demo.lease_finished(lend_name), name="lend")
     for i in leaving:
@@ -675,6 +693,7 @@ async def run_day(demo: Demo, *, report: dict[str, Any], end_hour: float = 24.0)
     reclaim_name = reclaim_obj["metadata"]["name"]
     started = time.perf_counter()
     sim_started = clock.now()
+    reclaim_at = clock.hhmm(clock.sim_seconds(await demo.decided_at(reclaim_name)))
     plan = (await demo.policy()).status.plan
     lead = plan.lead_time_seconds if plan is not None else None
     report["autopilot"] = {
@@ -683,7 +702,7 @@ async def run_day(demo: Demo, *, report: dict[str, Any], end_hour: float = 24.0)
         "lend": lend_name,
         "lendWrittenAt": lend_at,
         "reclaim": reclaim_name,
-        "reclaimWrittenAt": clock.hhmm(),
+        "reclaimWrittenAt": reclaim_at,
         "leadTimeSeconds": lead,
         "leadTimeSource": plan.lead_time_source if plan is not None else None,
     }
