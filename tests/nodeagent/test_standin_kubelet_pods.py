@@ -173,7 +173,7 @@ async def test_a_clean_exit_ends_a_job_pod(
     await kubelet.sync_once()
     [c] = await _running(cri, kubelet, name)
     await _trap_set(containerd_testbed, pod)
-    await cri.stop_container(c.id, timeout_seconds=3)  # SIGTERM: the trainer exits 0
+    await cri.stop_container(c.id, timeout_seconds=30)  # SIGTERM: the trainer exits 0
     await kubelet.sync_once()
     assert kubelet.phase("default", name) == "Succeeded"
     pod = await store.get(Kind.POD, name, namespace="default")
@@ -286,7 +286,7 @@ async def test_a_pod_end_that_could_not_be_recorded_is_recorded_later(
     kubelet = standin_kubelet(store, NODE, clock=clock)
     await kubelet.sync_once()
     [c] = await _running(cri, kubelet, "job")
-    await cri.stop_container(c.id, timeout_seconds=3)  # exits 0
+    await cri.stop_container(c.id, timeout_seconds=30)  # SIGTERM: exits 0, not killed when loaded
     real_patch = store.patch
 
     async def unavailable(*args: object, **kwargs: object) -> JsonObj:
