@@ -6,7 +6,7 @@ Run by ``hack/local-up.sh`` (the README's first command), which starts a private
 * the real extender (``python -m extender.main``: filter/prioritize/bind/preempt and the lease
   controller) on a SQLite store, its clock ``--speedup`` times faster than real time; it serves
   plain HTTP on 127.0.0.1, explicitly (``extender.insecure_http``, set by
-  :func:`flexlease.sim.extender_proc.extender_env`): a cluster uses mutual TLS (README, Security);
+  :func:`flexlease.sim.extender_proc.extender_env`): a cluster uses mutual TLS (docs/security.md);
 * one real node agent per node (``python -m nodeagent.main``) with simulated GPUs (8 × H20
   each; one node's GPU 3 falls off the bus, XID 79, at 06:00), writing ``GPUNode.status``,
   and doing in-sandbox hot restarts on the real containerd (``strategy: direct``);

@@ -6,7 +6,7 @@
 # hack/demo.py: the real extender and one real node agent per simulated node replay one
 # accelerated day of right-of-return leasing, and a report is printed. Root is needed for containerd. The extender
 # serves plain HTTP on 127.0.0.1 here, explicitly (FLEXLEASE_EXTENDER__INSECURE_HTTP=true, set
-# by flexlease/sim/extender_proc.py); a cluster uses mutual TLS (README, "Security").
+# by flexlease/sim/extender_proc.py); a cluster uses mutual TLS (docs/security.md).
 # Usage: sudo bash hack/local-up.sh [--speedup 900] [--out out/demo]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -53,7 +53,7 @@ def test_grants_equal_the_code_s_api_calls(package: str) -> None:
 # Modules that reach the API server around the store, and why their calls need no grant yet.
 STORE_BYPASSES = {
     # pods/exec for the orchestrator's KubeExecutor, used only with orchestrator.executor:
-    # kubernetes (off in the shipped manifests; README says to grant pods/exec get, create).
+    # kubernetes (off in the shipped manifests; docs/components/orchestrator.md says to grant pods/exec get, create).
     "extender/orchestrator/executors.py",
 }
 
