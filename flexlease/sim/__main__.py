@@ -54,7 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
         "--lp-patience",
         type=float,
         default=600.0,
-        help="s an LP pod waits before it is withdrawn (default 600)",
+        help="s within which an LP gang must run after arriving to count as fulfilled (Fig. 10; default 600)",
     )
     p.add_argument("--online-gpus", type=int, default=None, help="online job's GPUs at peak (default half)")
     p.add_argument("--online-reliability", choices=("HA", "MA", "LA"), default="LA")
