@@ -40,6 +40,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from extender import body, scheduling, tasks
 from extender.admission import Admission
@@ -48,8 +49,8 @@ from extender.equivalence import FilterCache, PriorityCache
 from extender.metrics import VERBS, ExtenderMetrics
 from extender.orchestrator import profile as profiles
 from extender.state import Inventory
+from flexlease.api import names, podfields, wire
 from flexlease.api import pod as podapi
-from flexlease.api import wire
 from flexlease.config import Settings
 from flexlease.errors import Gone, RequestError, StoreError
 from flexlease.logging import ctx
@@ -229,9 +230,25 @@ async def _replied(
     except asyncio.CancelledError:
         raise
     except Exception:
-        log.exception("internal error", extra=ctx(verb=verb))
+        log.exception("internal error; the request caches are dropped", extra=ctx(verb=verb))
+        forget_request_state(request.app)
         body = {"Error": f"internal error in {verb}; see the extender's log"}
         return web.json_response(body, status=500)
+
+
+def forget_request_state(app: web.Application) -> None:
+    """Drop everything the verbs keep between requests — the body decoder's pods, node lists
+    and interned names, the filter and prioritize caches, the parsed pods — and have the
+    inventory build every node's view afresh, so that a handler that failed half-way through
+    changing one of them leaves nothing behind: the next request is answered as a fresh
+    extender over the same store answers it (issue #37). The inventory's own state (nodes,
+    holdings, reservations) comes from the watches and the binder, which undoes its own
+    reservations (:mod:`extender.binder`)."""
+    app[ARGS_DECODER].clear()
+    app[FILTER_CACHE].clear()
+    app[PRIORITY_CACHE].clear()
+    app[PODS].clear()
+    app[INVENTORY].rebuild_views()
 
 
 def _reject(request: web.Request, status: int, reason: str, message: str) -> web.Response:
@@ -306,11 +323,18 @@ def _model(cls: type[_M], body: Any) -> _M:
     try:
         return cls.model_validate(body)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}"
-            for e in exc.errors(include_url=False)[:5]
-        )
+        problems = "; ".join(map(_problem, exc.errors(include_url=False, include_input=False)[:5]))
         raise _Reject(400, "bad_type", f"invalid {cls.__name__}: {problems}") from exc
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One validation error as ``<field path>: <what it must be>``. The embedded pod's and
+    node list's checks report the path below their field in the message itself."""
+    where = podfields.location("", error["loc"]) or "<body>"
+    message = names.explain(error["msg"])
+    if error["type"] in ("pod_field", "node_list"):
+        return f"{where}{'' if message.startswith('[') else '.'}{message}"
+    return f"{where}: {message}"
 
 
 def _request_of(request: web.Request, pod: dict[str, Any]) -> podapi.GpuRequest:

@@ -441,7 +441,7 @@ async def test_preempt_drops_nodes_where_eviction_cannot_help(start: Any, store:
                 payloads.extender_args(payloads.pod("p", annotations={keys.ANN_GPU_TYPE: ["H20"]}), ["n1"])
             ).encode(),  # type: ignore[dict-item]
             400,
-            "must be a string",
+            'Pod.metadata.annotations["flexlease.io/gpu-type"]: Input should be a valid string',
         ),
         (
             "prioritize",
@@ -449,13 +449,13 @@ async def test_preempt_drops_nodes_where_eviction_cannot_help(start: Any, store:
                 payloads.extender_args(payloads.pod("p", annotations={keys.ANN_CHECKPOINT: ["c"]}), ["n1"])
             ).encode(),  # type: ignore[dict-item]
             400,
-            "must be a string",
+            'Pod.metadata.annotations["flexlease.io/checkpoint"]: Input should be a valid string',
         ),
         (
             "filter",
             json.dumps({"Pod": payloads.pod("p"), "Nodes": {"items": [{"metadata": "n1"}]}}).encode(),
             400,
-            "metadata.name",
+            "Nodes.items[0].metadata: Input should be a valid dictionary",
         ),
         (
             "preempt",
@@ -463,7 +463,7 @@ async def test_preempt_drops_nodes_where_eviction_cannot_help(start: Any, store:
                 {"Pod": payloads.pod("p"), "NodeNameToVictims": {"n1": {"Pods": [{"metadata": "x"}]}}}
             ).encode(),
             400,
-            "metadata.uid",
+            "NodeNameToVictims.n1.Pods[0].metadata: Input should be a valid dictionary",
         ),
         ("score", b"{}", 404, "unknown path"),
         ("filter/extra", b"{}", 404, "unknown path"),
@@ -661,7 +661,7 @@ def nested(depth: int) -> bytes:
                 )
             ).encode(),
             {},
-            "ownerReferences must be a list",
+            "Pod.metadata.ownerReferences: Input should be a valid list",
         ),
         (b"garbage, not deflate", {"Content-Encoding": "deflate"}, "cannot read the request body"),
         (b"\x1f\x8b garbage, not gzip", {"Content-Encoding": "gzip"}, "cannot read the request body"),
@@ -932,8 +932,7 @@ async def test_reasons_read_well_in_the_schedulers_aggregation_and_say_whether_p
     "literal",
     [
         b"NaN",  # Python's json reads it, orjson refuses it
-        b'"\\ud800"',  # a lone surrogate: likewise
-        b"-9223372036854775809",  # below int64 but 20 characters: within MAX_JSON_INT_DIGITS
+        b"-9223372036854775808",  # int64's smallest, 20 characters: the reference decoder reads it
         b"18446744073709551615",  # uint64's largest: both decoders read it
     ],
 )
@@ -950,3 +949,29 @@ async def test_fast_decoder_accepts_what_the_reference_decoder_accepts(
     resp = await client.post("/filter", data=body, headers={"Content-Type": "application/json"})
     assert resp.status == 200, await resp.text()
     assert (await resp.json())["NodeNames"] == ["n-free"]
+
+
+@pytest.mark.parametrize(
+    ("literal", "needle"),
+    [
+        # a lone surrogate: Python's json reads it, orjson and msgspec refuse it; no reply
+        # could hold it (issue #37: it poisoned the node-name decoder)
+        (b'"\\ud800"', "Pod.metadata.x: a string that is not valid Unicode"),
+        (b'{"\\udc00": 1}', 'Pod.metadata.x["\\udc00"]: a string that is not valid Unicode'),
+        # below int64, 20 characters: within MAX_JSON_INT_DIGITS, but no Kubernetes integer
+        (b"-9223372036854775809", "integer -9223372036854775809 is outside the 64-bit range"),
+        (b"18446744073709551616", "integer 18446744073709551616 is outside the 64-bit range"),  # uint64 + 1
+    ],
+)
+async def test_what_no_client_could_write_back_is_refused(
+    start: Any, store: MemoryStore, literal: bytes, needle: str
+) -> None:
+    """Values the reference decoder reads but that cannot be encoded again (no lone
+    surrogate is UTF-8, orjson writes at most 64-bit integers) are a 400 naming the member."""
+    await seed_cluster(store)
+    client = await start()
+    args = json.dumps(payloads.extender_args(payloads.pod("p"), ["n-free"])).encode()
+    body = args.replace(b'"metadata": {', b'"metadata": {"x": ' + literal + b", ", 1)
+    resp = await client.post("/filter", data=body, headers={"Content-Type": "application/json"})
+    assert resp.status == 400
+    assert needle in (await resp.json())["Error"]
