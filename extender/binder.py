@@ -271,9 +271,7 @@ class Binder:
             except StoreError as exc:
                 if version is not None and isinstance(exc, Conflict):
                     return await self._refused(req, None, node=node, version=version, exc=exc)
-                return self._fail(
-                    key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error"
-                )
+                return await self._binding_failed(req, None, node=node, assignment=None, exc=exc)
             return BindOutcome("bound")
 
         # Snapshot → check or choose → assume, with no await in between. The pod's own
@@ -400,31 +398,42 @@ class Binder:
         return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
 
     async def _binding_failed(
-        self, req: GpuRequest, pod_uid: str, *, node: str, assignment: Assignment, exc: StoreError
+        self,
+        req: GpuRequest,
+        pod_uid: str | None,
+        *,
+        node: str,
+        assignment: Assignment | None,
+        exc: StoreError,
     ) -> BindOutcome:
         """After a failed Binding: read the pod back. Bound as asked (a reply lost, a 409 on
-        the client's retry): success. Not bound as asked: forget the reservation. Unknown
-        (the read fails too, after an error that may have committed: a timeout, a 5xx, a
-        reset connection): keep the reservation until its TTL, so the GPUs are not handed
-        to another pod before the watch says whether the Binding landed."""
+        the client's retry): success. Not bound as asked: forget the reservation of pod
+        ``pod_uid`` (None: a pod without GPUs, which reserves none). Unknown (the read fails
+        too, after an error that may have committed: a timeout, a 5xx, a reset connection):
+        keep the reservation until its TTL, so the GPUs are not handed to another pod before
+        the watch says whether the Binding landed."""
         key = req.key
         try:
             _, cur = await self._read_back(req)
         except FlexleaseError as read_exc:
-            if exc.status is not None and 400 <= exc.status < 500:  # refused: it did not land
+            if pod_uid is None:
+                pass
+            elif exc.status is not None and 400 <= exc.status < 500:  # refused: it did not land
                 self._inventory.forget(pod_uid)
             else:
+                gpus = ",".join(map(str, assignment.indices)) if assignment is not None else None
                 log.warning(
                     "outcome of a Binding unknown (%s, and reading the pod back failed: %s); "
                     "keeping its GPUs reserved until the watch or the reservation TTL settles it",
                     exc,
                     read_exc,
-                    extra=ctx(pod=key, node=node, gpu=",".join(map(str, assignment.indices))),
+                    extra=ctx(pod=key, node=node, gpu=gpus),
                 )
         else:
             if _bound_as_asked(req, cur, node, assignment):
                 return BindOutcome("idempotent", assignment=assignment)
-            self._inventory.forget(pod_uid)
+            if pod_uid is not None:
+                self._inventory.forget(pod_uid)
         return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
 
     async def _read_back(self, req: GpuRequest) -> tuple[JsonObj, GpuRequest]:

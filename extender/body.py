@@ -87,25 +87,28 @@ def _not_unicode(value: Any) -> str | None:
     is not valid Unicode (a lone surrogate from a ``\\uD800``-style escape), else None.
     Iterative; called only for bodies the reference decoder read."""
     stack: list[tuple[Any, list[str | int]]] = [(value, [])]
-    while stack:
+    while stack:  # depth first, in document order (children pushed last first)
         node, steps = stack.pop()
         if isinstance(node, str):
-            if not node.isascii():
-                try:
-                    node.encode("utf-8")
-                except UnicodeEncodeError:
-                    return _path(steps)
+            if not node.isascii() and not _encodable(node):
+                return _path(steps)
         elif isinstance(node, dict):
-            for k, v in node.items():
-                if not k.isascii():
-                    try:
-                        k.encode("utf-8")
-                    except UnicodeEncodeError:
-                        return _path([*steps, k])  # shown escaped (ascii())
-                stack.append((v, [*steps, k]))
+            for k in node:
+                if not k.isascii() and not _encodable(k):
+                    return _path([*steps, k])  # shown escaped (ascii())
+            stack.extend((v, [*steps, k]) for k, v in reversed(node.items()))
         elif isinstance(node, list):
-            stack.extend((v, [*steps, i]) for i, v in enumerate(node))
+            stack.extend((node[i], [*steps, i]) for i in range(len(node) - 1, -1, -1))
     return None
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (holds no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _REFERENCE: Final = json.JSONDecoder(parse_int=_json_int)
