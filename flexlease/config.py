@@ -78,6 +78,22 @@ class ExtenderSettings(_Group):
     """How often the extender looks whether ``tls_cert_file``, ``tls_key_file`` or
     ``tls_client_ca_file`` changed (cert-manager renewing the Secret, kubelet updating the
     mounted volume) and loads them for new connections, without a restart."""
+    tls_handshake_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a client has to finish the TLS handshake on the verbs' listener "
+        "(asyncio's default); a connection still shaking hands after that is closed and counted "
+        'in flexlease_extender_tls_handshake_failures_total{reason="timeout"}.',
+    )
+    tls_handshake_log_interval_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A refused TLS handshake (wrong, expired or missing client certificate, a "
+        "client that rejects ours, plain HTTP on the TLS port...) is logged with the peer's "
+        "address and OpenSSL's reason at most once per reason in this many seconds; the next "
+        "line says how many were not logged. Every one is counted in "
+        "flexlease_extender_tls_handshake_failures_total{reason}.",
+    )
     scheduler_names: tuple[str, ...] = Field(default=(keys.DEFAULT_SCHEDULER_NAME,), min_length=1)
     """kube-scheduler profiles (``spec.schedulerName``) whose pods flexlease places and binds;
     ``/bind`` refuses other pods, filter/prioritize/preempt pass them untouched."""
