@@ -6,14 +6,18 @@ on ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt``, and serve ``GET /
 ``/metrics``. The scheduler runs us with ``nodeCacheCapable: true``: ``Nodes`` is null,
 candidates come in ``NodeNames`` and replies name only nodes from that list. A pod without
 managed GPUs passes untouched. ``Error`` in a reply is only for faults; malformed input is
-answered 400 with a message (not UTF-8 JSON, nested deeper than
-:data:`extender.body.MAX_JSON_DEPTH`, integer literals longer than
-:data:`extender.body.MAX_JSON_INT_DIGITS`, a corrupt ``Content-Encoding``,
-wrong types in any field the extender reads; a pod the Pod watch holds at the body's uid and
+answered 400 with a message naming the field (not UTF-8 JSON, a lone surrogate, nested
+deeper than :data:`extender.body.MAX_JSON_DEPTH`, integer literals longer than
+:data:`extender.body.MAX_JSON_INT_DIGITS` or beyond 64 bits, a corrupt ``Content-Encoding``,
+wrong types in any field the extender reads, a name or value Kubernetes would refuse: node
+names that are not DNS-1123 subdomains, the embedded pod's read fields,
+:mod:`flexlease.api.podfields`; a pod the Pod watch holds at the body's uid and
 ``resourceVersion`` is answered from the watch's parse, whatever the body says:
 :meth:`extender.state.Inventory.pending_request`), an unknown verb 404, a body over
-``extender.max_body_bytes`` 413, anything unexpected a logged 500; a client that hangs up
-mid-body is logged at debug. A pod's own GPU claim (an interrupted bind of it) counts as
+``extender.max_body_bytes`` 413, anything unexpected a logged 500 after which everything the
+verbs keep between requests is dropped (:func:`forget_request_state`, issue #37); a client
+that hangs up mid-body is logged at debug. Nothing a request brings is kept unless it passed
+those checks. A pod's own GPU claim (an interrupted bind of it) counts as
 free for that pod in every verb.
 
 Lifetimes are aiohttp ``cleanup_ctx`` entries: one list+watch loop per kind (GPUNodes,

@@ -3,14 +3,15 @@
 Role: the rules of ``k8s.io/apimachinery/pkg/util/validation`` (validation.go) that the
 extender checks at its boundary, before anything from a request becomes shared state
 (issue #37): DNS-1123 subdomains (node, pod, controller and scheduler names; at most 253
-characters), DNS-1123 labels (namespaces; at most 63), label values (at most 63), and UIDs.
-Each rule is given once, as a regular expression without anchors (:class:`Rule`), and
-spelled as a constrained string type for the two validation libraries on the request path:
-``msgspec`` (``Meta(pattern=...)``: Python's :mod:`re`, anchored with ``\\Z`` since its ``$``
-also matches before a final newline) and pydantic (``StringConstraints``: pydantic-core's
-Rust regex engine, where ``$`` is the end of the text). Every rule is ASCII only, so a name
-that passes is valid UTF-8 and cannot hold control, bidirectional or look-alike characters,
-nor differ from another only in case (upper case is refused) or Unicode normalisation.
+characters), DNS-1123 labels (namespaces; at most 63), label values (at most 63), UIDs, and
+``metav1.Time`` (RFC 3339) values. Each rule is given once, as a regular expression without
+anchors (:class:`Rule`), and spelled as a constrained string type for the two validation
+libraries on the request path: ``msgspec`` (``Meta(pattern=...)``: Python's :mod:`re`,
+anchored with ``\\Z`` since its ``$`` also matches before a final newline) and pydantic
+(``StringConstraints``: pydantic-core's Rust regex engine, where ``$`` is the end of the
+text). Every rule is ASCII only, so a name that passes is valid UTF-8 and cannot hold
+control, bidirectional or look-alike characters, nor differ from another only in case (upper
+case is refused in names) or Unicode normalisation.
 
 :func:`explain` rewrites a library's "does not match the pattern" message into the rule's
 words, for error replies that name the field and say what it must be.

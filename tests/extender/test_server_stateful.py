@@ -67,7 +67,7 @@ from flexlease.clock import ManualClock
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 from tests.extender import payloads
-from tests.extender.conftest import make_settings
+from tests.extender.conftest import add_node, add_pod, make_settings
 
 Client = TestClient[web.Request, web.Application]
 T = TypeVar("T")
@@ -380,7 +380,7 @@ class ExtenderMachine(RuleBasedStateMachine):
             return
         pool = "standby" if name.startswith("s-") else "general"
         obj = payloads.gpunode(name, gpus=gpus, model=model, tiers=tier, pool=pool)
-        self.write(_add_node(self.h.store, obj))
+        self.write(add_node(self.h.store, obj))
 
     @rule(name=st.sampled_from(NODES))
     def remove_node(self, name: str) -> None:
@@ -423,7 +423,7 @@ class ExtenderMachine(RuleBasedStateMachine):
             reclaim=high and owner == "online",
             spec_priority=1000 if high else 0,
         )
-        self.write(_add_pod(self.h.store, pod))
+        self.write(add_pod(self.h.store, pod))
 
     @rule(
         name=st.sampled_from(PODS),
@@ -444,7 +444,7 @@ class ExtenderMachine(RuleBasedStateMachine):
             phase="Running",
             annotations=payloads.assigned(node, *order),
         )
-        self.write(_add_pod(self.h.store, pod))
+        self.write(add_pod(self.h.store, pod))
 
     @rule(name=st.sampled_from(PODS))
     def delete_pod(self, name: str) -> None:
@@ -739,25 +739,6 @@ def _bound(pod: dict[str, Any]) -> tuple[Any, ...]:
     """What a bind writes on a pod, but for the time it wrote it."""
     ann = pod["metadata"].get("annotations") or {}
     return pod["spec"].get("nodeName"), ann.get(keys.ANN_ASSIGNED_GPUS), ann.get(keys.ANN_ASSIGNED_UUIDS)
-
-
-async def _add_node(store: MemoryStore, obj: dict[str, Any]) -> None:
-    status = obj.pop("status")
-    obj["metadata"].pop("resourceVersion", None)
-    obj["metadata"].pop("uid", None)
-    await store.create(Kind.GPUNODE, obj)
-    await store.patch(Kind.GPUNODE, obj["metadata"]["name"], {"status": status}, subresource="status")
-
-
-async def _add_pod(store: MemoryStore, obj: dict[str, Any]) -> None:
-    status = obj.pop("status")
-    meta = obj["metadata"]
-    meta.pop("resourceVersion", None)
-    meta.pop("uid", None)
-    await store.create(Kind.POD, obj)
-    await store.patch(
-        Kind.POD, meta["name"], {"status": status}, namespace=meta["namespace"], subresource="status"
-    )
 
 
 @contextmanager
