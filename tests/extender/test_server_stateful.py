@@ -67,7 +67,7 @@ from flexlease.clock import ManualClock
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 from tests.extender import payloads
-from tests.extender.conftest import add_node, add_pod, make_settings
+from tests.extender.conftest import add_node, add_pod, eventually, make_settings
 
 Client = TestClient[web.Request, web.Application]
 T = TypeVar("T")
@@ -225,15 +225,6 @@ class Harness:
             yield client
         finally:
             self.run(client.close())
-
-
-async def eventually(predicate: Callable[[], bool], *, within: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
 
 
 async def settle(store: MemoryStore) -> None:
