@@ -34,7 +34,9 @@ only one extender may bind). Follows kube-scheduler's assume → bind → forget
    (``setPodNodeAndMetadata``, pkg/registry/core/pod/storage), so a pod is bound with its
    GPUs recorded, or neither — one API write per bind and nothing to undo;
 4. on any failure: forget the reservation, so no phantom reservation survives — once a read
-   shows the Binding did not land: a Binding that landed although its reply was lost, or
+   shows the Binding did not land (an unexpected exception from the store counts as a
+   failed Binding whose outcome is unknown; one before the Binding forgets at once and
+   propagates): a Binding that landed although its reply was lost, or
    was answered 409 by a client's retry, is a success whose reservation is kept until the
    watch confirms it (:meth:`Binder._binding_failed`, :meth:`Binder._refused`).
 
@@ -112,6 +114,26 @@ def _resource_version(pod: JsonObj) -> str | None:
     meta = pod.get("metadata")
     version = meta.get("resourceVersion") if isinstance(meta, dict) else None
     return version if isinstance(version, str) and version else None
+
+
+def _annotations(pod: JsonObj, view: scheduling.NodeView, assignment: Assignment) -> dict[str, str]:
+    """The ``assigned-*`` annotations of a Binding of ``pod`` to ``assignment`` on ``view``'s
+    node. A claim the pod already records as it stands keeps its time: only the Binding was
+    missing."""
+    assigned = assignment.format()
+    by_index = {d.index: d for d in view.devices}
+    uuids = ",".join(by_index[i].uuid for i in assignment.indices)
+    recorded = (pod.get("metadata") or {}).get("annotations") or {}
+    kept = (
+        recorded.get(keys.ANN_ASSIGNED_GPUS) == assigned
+        and recorded.get(keys.ANN_ASSIGNED_UUIDS) == uuids
+        and recorded.get(keys.ANN_ASSIGNED_AT)
+    )
+    return {
+        keys.ANN_ASSIGNED_GPUS: assigned,
+        keys.ANN_ASSIGNED_UUIDS: uuids,
+        keys.ANN_ASSIGNED_AT: kept or format_time(datetime.now(UTC)),
+    }
 
 
 class Binder:
@@ -245,15 +267,11 @@ class Binder:
 
         if req.count == 0:  # a pod without managed GPUs: just the Binding
             try:
-                await self._store.bind(
-                    req.namespace, req.name, uid=req.uid or None, node=node, resource_version=version
-                )
+                await self._bind(req, node=node, annotations=None, version=version)
             except StoreError as exc:
                 if version is not None and isinstance(exc, Conflict):
                     return await self._refused(req, None, node=node, version=version, exc=exc)
-                return self._fail(
-                    key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error"
-                )
+                return await self._binding_failed(req, None, node=node, assignment=None, exc=exc)
             return BindOutcome("bound")
 
         # Snapshot → check or choose → assume, with no await in between. The pod's own
@@ -301,30 +319,13 @@ class Binder:
             return failed(f"cannot reserve GPUs on {node}: {exc}", cause="no_longer_fits")
 
         assignment = Assignment(node, indices)
-        assigned = assignment.format()
-        by_index = {d.index: d for d in view.devices}
-        uuids = ",".join(by_index[i].uuid for i in indices)
-        recorded = (pod.get("metadata") or {}).get("annotations") or {}
-        kept = (
-            recorded.get(keys.ANN_ASSIGNED_GPUS) == assigned
-            and recorded.get(keys.ANN_ASSIGNED_UUIDS) == uuids
-            and recorded.get(keys.ANN_ASSIGNED_AT)
-        )
-        annotations = {
-            keys.ANN_ASSIGNED_GPUS: assigned,
-            keys.ANN_ASSIGNED_UUIDS: uuids,
-            # a claim kept as it stands keeps its time: only the Binding was missing
-            keys.ANN_ASSIGNED_AT: kept or format_time(datetime.now(UTC)),
-        }
         try:
-            await self._store.bind(
-                req.namespace,
-                req.name,
-                uid=req.uid or None,
-                node=node,
-                annotations=annotations,
-                resource_version=version,
-            )
+            annotations = _annotations(pod, view, assignment)
+        except BaseException:  # a fault before the Binding: its reservation goes with it
+            self._inventory.forget(pod_uid)
+            raise
+        try:
+            await self._bind(req, node=node, annotations=annotations, version=version)
         except StoreError as exc:
             if version is not None and isinstance(exc, Conflict):
                 return await self._refused(
@@ -334,6 +335,29 @@ class Binder:
         self._inventory.renew(pod_uid)
         log.info("bound pod", extra=ctx(pod=key, node=node, gpu=",".join(map(str, indices))))
         return BindOutcome("bound", assignment=assignment)
+
+    async def _bind(
+        self, req: GpuRequest, *, node: str, annotations: dict[str, str] | None, version: str | None
+    ) -> None:
+        """Create pod ``req``'s Binding to ``node`` (with ``annotations``; conditional on
+        ``version`` unless None). Raises ``StoreError``; any other exception from the store
+        (one that broke its contract) is logged with its traceback and raised as a
+        ``StoreError`` without a status: a Binding whose outcome is unknown, settled by a read
+        like any other (never a 500 that leaves a reservation behind)."""
+        try:
+            await self._store.bind(
+                req.namespace,
+                req.name,
+                uid=req.uid or None,
+                node=node,
+                annotations=annotations,
+                resource_version=version,
+            )
+        except StoreError:
+            raise
+        except Exception as exc:
+            log.exception("the store failed a Binding unexpectedly", extra=ctx(pod=req.key, node=node))
+            raise StoreError(f"unexpected {type(exc).__name__}: {exc}") from exc
 
     async def _refused(
         self,
@@ -374,31 +398,42 @@ class Binder:
         return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
 
     async def _binding_failed(
-        self, req: GpuRequest, pod_uid: str, *, node: str, assignment: Assignment, exc: StoreError
+        self,
+        req: GpuRequest,
+        pod_uid: str | None,
+        *,
+        node: str,
+        assignment: Assignment | None,
+        exc: StoreError,
     ) -> BindOutcome:
         """After a failed Binding: read the pod back. Bound as asked (a reply lost, a 409 on
-        the client's retry): success. Not bound as asked: forget the reservation. Unknown
-        (the read fails too, after an error that may have committed: a timeout, a 5xx, a
-        reset connection): keep the reservation until its TTL, so the GPUs are not handed
-        to another pod before the watch says whether the Binding landed."""
+        the client's retry): success. Not bound as asked: forget the reservation of pod
+        ``pod_uid`` (None: a pod without GPUs, which reserves none). Unknown (the read fails
+        too, after an error that may have committed: a timeout, a 5xx, a reset connection):
+        keep the reservation until its TTL, so the GPUs are not handed to another pod before
+        the watch says whether the Binding landed."""
         key = req.key
         try:
             _, cur = await self._read_back(req)
         except FlexleaseError as read_exc:
-            if exc.status is not None and 400 <= exc.status < 500:  # refused: it did not land
+            if pod_uid is None:
+                pass
+            elif exc.status is not None and 400 <= exc.status < 500:  # refused: it did not land
                 self._inventory.forget(pod_uid)
             else:
+                gpus = ",".join(map(str, assignment.indices)) if assignment is not None else None
                 log.warning(
                     "outcome of a Binding unknown (%s, and reading the pod back failed: %s); "
                     "keeping its GPUs reserved until the watch or the reservation TTL settles it",
                     exc,
                     read_exc,
-                    extra=ctx(pod=key, node=node, gpu=",".join(map(str, assignment.indices))),
+                    extra=ctx(pod=key, node=node, gpu=gpus),
                 )
         else:
             if _bound_as_asked(req, cur, node, assignment):
                 return BindOutcome("idempotent", assignment=assignment)
-            self._inventory.forget(pod_uid)
+            if pod_uid is not None:
+                self._inventory.forget(pod_uid)
         return self._fail(key, node, f"binding pod {key} to {node} failed: {exc}", cause="store_error")
 
     async def _read_back(self, req: GpuRequest) -> tuple[JsonObj, GpuRequest]:

@@ -2,16 +2,22 @@
 ``ExtenderArgs`` kube-scheduler sends on every scheduling cycle.
 
 Role: every verb reads a JSON body. :func:`decode` accepts exactly what the reference
-decoder (:mod:`json` with an integer-length hook) accepts, within :data:`MAX_JSON_DEPTH`
-and :data:`MAX_JSON_INT_DIGITS`, and raises :class:`BodyError` (a 400 for the server)
-otherwise. :class:`ExtenderArgsDecoder` serves ``/filter`` and ``/prioritize``: kube-scheduler
+decoder (:mod:`json` with an integer hook) accepts, within :data:`MAX_JSON_DEPTH`,
+:data:`MAX_JSON_INT_DIGITS` and :data:`JSON_INT_RANGE`, and only text that is valid Unicode
+(no lone UTF-16 surrogate escape: such a string cannot be written back as UTF-8, by orjson
+or by any Go client); it raises :class:`BodyError` (a 400 for the server) otherwise, naming
+the offending member. :class:`ExtenderArgsDecoder` serves ``/filter`` and ``/prioritize``: kube-scheduler
 sends the same pod to both and, with ``nodeCacheCapable``, mostly the same ``NodeNames``
 list cycle after cycle, so it splits the envelope at its tail, as Go's encoding/json writes
 it (:func:`_split`: the pod and the node list kept as raw JSON, unparsed), and decodes each
 part only when its bytes differ from a recent request's. A node list it must decode comes
 out as the filter cache's own name strings (:meth:`ExtenderArgsDecoder.intern`) when every
 name is known. Anything not in that exact shape goes the general way, so replies and errors
-do not depend on which path a body took.
+do not depend on which path a body took. Nothing from a request is kept unless it passed
+Kubernetes' rules (issue #37): a node list only when every name is a DNS-1123 subdomain
+(:data:`flexlease.api.names.NodeName`), a pod only when its read fields pass
+:func:`flexlease.api.podfields.check_pod`, and :meth:`ExtenderArgsDecoder.intern` builds its
+decoder over valid names only.
 
 :func:`decode_binding_args` is the same idea for ``/bind``'s ``ExtenderBindingArgs``: four
 strings, decoded and checked by ``msgspec`` in one pass into a struct instead of the general
@@ -26,13 +32,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal, cast
+from typing import Any, Final, Literal, cast
 
 import msgspec
 import orjson
 
+from flexlease.api import names as k8snames
+from flexlease.api import podfields
+from flexlease.errors import PodSpecError
 from flexlease.jsontext import has_long_digits
 
 MAX_JSON_DEPTH: Final = 100
@@ -40,6 +50,9 @@ MAX_JSON_DEPTH: Final = 100
 the extender envelopes nest about 15 deep (managedFields included)."""
 MAX_JSON_INT_DIGITS: Final = 20
 """Longest integer literal accepted: Kubernetes integers are int64 (19 digits and a sign)."""
+JSON_INT_RANGE: Final = (-(2**63), 2**64 - 1)
+"""Integers accepted: int64 and uint64 (what Go decodes and orjson encodes back; a larger
+one in a member the extender echoes, such as a ``Nodes`` item, could not be answered)."""
 
 _CONTAINERS: Final = (dict, list)
 
@@ -54,10 +67,48 @@ class BodyError(ValueError):
 
 
 def _json_int(text: str) -> int:
-    """``parse_int`` hook: refuse integer literals longer than any Kubernetes integer."""
+    """``parse_int`` hook: refuse integer literals longer than any Kubernetes integer, or
+    outside :data:`JSON_INT_RANGE`."""
     if len(text) > MAX_JSON_INT_DIGITS:
         raise ValueError(f"integer literal of {len(text)} digits (at most {MAX_JSON_INT_DIGITS})")
-    return int(text)
+    value = int(text)
+    if not JSON_INT_RANGE[0] <= value <= JSON_INT_RANGE[1]:
+        raise ValueError(f"integer {text} is outside the 64-bit range")
+    return value
+
+
+def _path(steps: list[str | int]) -> str:
+    """A member's path for messages (``NodeNames[1]``, ``Pod.metadata.labels["k"]``)."""
+    return podfields.location("", tuple(steps)) or "<body>"
+
+
+def _not_unicode(value: Any) -> str | None:
+    """The path of the first string (member value or key) in the decoded JSON ``value`` that
+    is not valid Unicode (a lone surrogate from a ``\\uD800``-style escape), else None.
+    Iterative; called only for bodies the reference decoder read."""
+    stack: list[tuple[Any, list[str | int]]] = [(value, [])]
+    while stack:  # depth first, in document order (children pushed last first)
+        node, steps = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii() and not _encodable(node):
+                return _path(steps)
+        elif isinstance(node, dict):
+            for k in node:
+                if not k.isascii() and not _encodable(k):
+                    return _path([*steps, k])  # shown escaped (ascii())
+            stack.extend((v, [*steps, k]) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            stack.extend((node[i], [*steps, i]) for i in range(len(node) - 1, -1, -1))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (holds no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 _REFERENCE: Final = json.JSONDecoder(parse_int=_json_int)
@@ -120,13 +171,20 @@ def decode(raw: bytes) -> Any:
         raise BodyError("bad_json", f"malformed JSON body: {exc}") from exc
     if too_deep(text, value):
         raise BodyError("too_deep", deep)
+    if "\\u" in text and (where := _not_unicode(value)) is not None:  # only escapes make surrogates
+        raise BodyError(
+            "bad_string",
+            f"{where}: a string that is not valid Unicode (a lone UTF-16 surrogate escape such as \\ud800)",
+        )
     return value
 
 
 _HEAD: Final = b'{"Pod":'
 _TAIL: Final = b',"Nodes":null,"NodeNames":'
 """The envelope around the pod and the node list, as encoding/json writes it."""
-_NAMES: Final = msgspec.json.Decoder(list[str])
+_NAMES: Final = msgspec.json.Decoder(list[k8snames.NodeName])
+"""A ``NodeNames`` array: node names as Kubernetes allows them (DNS-1123 subdomains)."""
+_NODE_NAME: Final = re.compile(k8snames.DNS1123_SUBDOMAIN.python)
 
 
 def _literal(values: tuple[str, ...]) -> Any:
@@ -179,6 +237,8 @@ def _split(raw: bytes) -> tuple[bytes, bytes] | None:
 
 class ExtenderArgsDecoder:
     """Decode ``ExtenderArgs`` bodies, reusing the pods and node lists of recent requests.
+    Only a pod whose read fields pass :func:`flexlease.api.podfields.check_pod`, and a node
+    list of valid node names, is decoded here and kept; any other body goes the general way.
 
     ``pods`` and ``lists``: how many distinct pod texts and ``NodeNames`` texts are kept
     (least recently used dropped). Pods are kept decoded: callers must not change the
@@ -212,14 +272,26 @@ class ExtenderArgsDecoder:
         A list with any other name is decoded as before, into new strings; the answer is
         the same either way. Given the same list object again, this does nothing; a new one
         builds a ``msgspec`` decoder of ``list[Literal[*names]]`` (≈ 2 ms per 1,000 names,
-        once per change of the universe: a node joining or leaving)."""
+        once per change of the universe: a node joining or leaving). Only the names that are
+        valid node names (DNS-1123 subdomains) are given to it: the universe also holds the
+        store's GPUNode names, which an API server checks but a test store need not, and a
+        list with any other name is decoded and checked as a list of new strings, so both
+        decoders accept the same lists."""
         if self._interned is not None and self._interned[0] is names:
             return
-        if not names:
+        valid = tuple(filter(_NODE_NAME.search, names))  # the universe may hold a store's odd name
+        if not valid:
             self._interned = None
             return
-        choices = _literal(tuple(names))
+        choices = _literal(valid)
         self._interned = (names, msgspec.json.Decoder(list[choices]))  # type: ignore[valid-type]
+
+    def clear(self) -> None:
+        """Forget every kept pod and node list and the interned names (after a failed
+        request: :func:`extender.server.forget_request_state`); counters are kept."""
+        self._pods.clear()
+        self._lists.clear()
+        self._interned = None
 
     def decode(self, raw: bytes) -> CandidateArgs | None:
         """The args in ``raw``, or None when ``raw`` is not in the exact shape (then decode
@@ -309,14 +381,15 @@ class ExtenderArgsDecoder:
         # The envelope adds one level: the pod may nest one less than a whole body.
         if not isinstance(value, dict) or too_deep(text, value, limit=MAX_JSON_DEPTH - 1):
             return None
+        try:
+            podfields.check_pod(value)
+        except PodSpecError:  # not kept: the general way answers it, naming the field
+            return None
         self.misses += 1
         self._pods[text] = value
         if len(self._pods) > self._max_pods:
             self._pods.popitem(last=False)
         return value
-
-
-_NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class BindingArgs(
@@ -328,14 +401,15 @@ class BindingArgs(
     """``ExtenderBindingArgs`` exactly as kube-scheduler's encoding/json writes it: the four
     Go field names and nothing else (a key in another case or an unknown one goes the
     general way, where keys are matched case-insensitively, as Go does), the constraints and
-    the attribute names of :class:`flexlease.api.wire.ExtenderBindingArgs`. Made by
+    the attribute names of :class:`flexlease.api.wire.ExtenderBindingArgs` (Kubernetes' rules
+    for pod, namespace and node names and UIDs: :mod:`flexlease.api.names`). Made by
     ``msgspec`` without the pydantic model (whose ``model_construct`` alone costs ten times
     the decoding)."""
 
-    pod_name: _NonEmpty
-    pod_namespace: _NonEmpty
-    pod_uid: str
-    node: _NonEmpty
+    pod_name: k8snames.Subdomain
+    pod_namespace: k8snames.Namespace
+    pod_uid: k8snames.UidOrEmpty
+    node: k8snames.NodeName
 
 
 _BINDING_ARGS: Final = msgspec.json.Decoder(BindingArgs)

@@ -344,6 +344,18 @@ class FilterCache:
         self.over_arrays = 0
         """Incremental and derived filters whose nodes were re-checked over the arrays."""
 
+    def clear(self) -> None:
+        """Forget every class, the universe and the arrays, as a new cache (after a failed
+        request: :func:`extender.server.forget_request_state`); counters are kept."""
+        self._entries.clear()
+        self._given = []
+        self._wanted = None
+        self._names = []
+        self._index = {}
+        self._families.clear()
+        self._arrays = FitArrays()
+        self._arrays_of = None
+
     @property
     def universe(self) -> list[str]:
         """Every node name seen, each once (the snapshot's nodes and candidates without a
@@ -716,6 +728,12 @@ class PriorityCache:
         self.computed = 0
         self.reused = 0
         self.derived = 0
+
+    def clear(self) -> None:
+        """Forget every class's scores, as a new cache (after a failed request); counters
+        are kept."""
+        self._entries.clear()
+        self._families.clear()
 
     def prioritize(
         self,

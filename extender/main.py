@@ -5,7 +5,8 @@ environment ``FLEXLEASE_*``), set up logging, open the store
 (:func:`flexlease.store.factory.open_store`), build the app (:func:`extender.server.create_app`)
 and serve it on uvloop's event loop over HTTPS (``extender.tls_cert_file``/``tls_key_file``,
 kube-scheduler's ``enableHTTPS``), with mutual TLS when ``extender.tls_client_ca_file`` is set
-(:mod:`extender.tls`), or over plain HTTP only with ``extender.insecure_http``; with
+(:mod:`extender.tls`; each TLS handshake run by :class:`extender.handshakes.TLSSite`, which
+logs and counts refused ones), or over plain HTTP only with ``extender.insecure_http``; with
 ``extender.metrics_port``, also a read-only plain-HTTP listener for metrics and probes
 (:mod:`extender.probes`); until SIGTERM or SIGINT; then stop accepting, let
 running requests finish within ``extender.shutdown_timeout_seconds``, run the cleanup
@@ -38,13 +39,13 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from pydantic import ValidationError
 
 import flexlease.logging
-from extender import gcpolicy, tasks, tls
+from extender import gcpolicy, handshakes, tasks, tls
 from extender.autopilot import controller as autopilot
 from extender.lease import controller as lease_controller
 from extender.orchestrator import relaunch
 from extender.probes import create_probe_app
 from extender.rollout import controller as rollout_controller
-from extender.server import CleanupContext, LeaderCheck, create_app
+from extender.server import METRICS, CleanupContext, LeaderCheck, create_app
 from extender.state import Inventory
 from flexlease import config
 from flexlease.clock import ScaledClock, SystemClock
@@ -133,7 +134,21 @@ async def serve(
     probe_runner: web.AppRunner | None = None
     await runner.setup()
     try:
-        site = web.TCPSite(runner, ext.host, ext.port, ssl_context=ssl_context)
+        site: web.BaseSite
+        if ssl_context is None:
+            site = web.TCPSite(runner, ext.host, ext.port)
+        else:  # each handshake run by the site itself, so that a refused one is logged and counted
+            failures = handshakes.HandshakeFailures(
+                app[METRICS].tls_handshake_failures, ext.tls_handshake_log_interval_seconds
+            )
+            site = handshakes.TLSSite(
+                runner,
+                ext.host,
+                ext.port,
+                ssl_context=ssl_context,
+                failures=failures,
+                handshake_timeout=ext.tls_handshake_timeout_seconds,
+            )
         await site.start()
         scheme = "https" if ssl_context is not None else "http"
         urls = [f"{scheme}://{addr[0]}:{addr[1]}" for addr in runner.addresses]

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from extender import handshakes
 from extender.scheduling import Cause, Code, Verdict
 from extender.state import Inventory
 
@@ -49,6 +50,7 @@ BIND_POD_SOURCES: Final = "flexlease_extender_bind_pod_sources"
 POD_SOURCES: Final = ("watch", "read", "stale_watch")
 """``source`` label values of ``bind_pod_sources_total`` (:attr:`extender.binder.BindOutcome.source`)."""
 GPUS: Final = "flexlease_extender_gpus"
+TLS_HANDSHAKE_FAILURES: Final = "flexlease_extender_tls_handshake_failures"
 
 
 class ExtenderMetrics:
@@ -57,6 +59,8 @@ class ExtenderMetrics:
     ``request_seconds{verb, status}``: handler latency in seconds (status = HTTP code).
     ``decisions_total{verb, outcome, cause}``: filter verdicts per node, bind and preempt
     outcomes. ``bad_requests_total{verb, reason}``: 4xx replies.
+    ``tls_handshake_failures_total{reason}``: refused TLS handshakes
+    (:data:`extender.handshakes.REASONS`, counted by :class:`extender.handshakes.HandshakeFailures`).
     """
 
     def __init__(self, registry: CollectorRegistry, inventory: Inventory) -> None:
@@ -87,6 +91,17 @@ class ExtenderMetrics:
             ["source"],
             registry=registry,
         )
+        self.tls_handshake_failures = Counter(
+            TLS_HANDSHAKE_FAILURES,
+            "TLS handshakes on the verbs' listener that failed, by reason (a client certificate "
+            "missing, expired, not yet valid, untrusted or invalid; the client rejecting the "
+            "extender's certificate; plain HTTP; another protocol error; timeout; the client "
+            "hanging up): extender.handshakes.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in handshakes.REASONS:  # every reason exposed from the start, at 0
+            self.tls_handshake_failures.labels(reason)
         self._request_children: dict[tuple[str, int], Any] = {}
         """``request_seconds`` children by verb and status code."""
         for verb in VERBS:

@@ -6,14 +6,18 @@ on ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt``, and serve ``GET /
 ``/metrics``. The scheduler runs us with ``nodeCacheCapable: true``: ``Nodes`` is null,
 candidates come in ``NodeNames`` and replies name only nodes from that list. A pod without
 managed GPUs passes untouched. ``Error`` in a reply is only for faults; malformed input is
-answered 400 with a message (not UTF-8 JSON, nested deeper than
-:data:`extender.body.MAX_JSON_DEPTH`, integer literals longer than
-:data:`extender.body.MAX_JSON_INT_DIGITS`, a corrupt ``Content-Encoding``,
-wrong types in any field the extender reads; a pod the Pod watch holds at the body's uid and
+answered 400 with a message naming the field (not UTF-8 JSON, a lone surrogate, nested
+deeper than :data:`extender.body.MAX_JSON_DEPTH`, integer literals longer than
+:data:`extender.body.MAX_JSON_INT_DIGITS` or beyond 64 bits, a corrupt ``Content-Encoding``,
+wrong types in any field the extender reads, a name or value Kubernetes would refuse: node
+names that are not DNS-1123 subdomains, the embedded pod's read fields,
+:mod:`flexlease.api.podfields`; a pod the Pod watch holds at the body's uid and
 ``resourceVersion`` is answered from the watch's parse, whatever the body says:
 :meth:`extender.state.Inventory.pending_request`), an unknown verb 404, a body over
-``extender.max_body_bytes`` 413, anything unexpected a logged 500; a client that hangs up
-mid-body is logged at debug. A pod's own GPU claim (an interrupted bind of it) counts as
+``extender.max_body_bytes`` 413, anything unexpected a logged 500 after which everything the
+verbs keep between requests is dropped (:func:`forget_request_state`, issue #37); a client
+that hangs up mid-body is logged at debug. Nothing a request brings is kept unless it passed
+those checks. A pod's own GPU claim (an interrupted bind of it) counts as
 free for that pod in every verb.
 
 Lifetimes are aiohttp ``cleanup_ctx`` entries: one list+watch loop per kind (GPUNodes,
@@ -40,6 +44,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from extender import body, scheduling, tasks
 from extender.admission import Admission
@@ -48,8 +53,8 @@ from extender.equivalence import FilterCache, PriorityCache
 from extender.metrics import VERBS, ExtenderMetrics
 from extender.orchestrator import profile as profiles
 from extender.state import Inventory
+from flexlease.api import names, podfields, wire
 from flexlease.api import pod as podapi
-from flexlease.api import wire
 from flexlease.config import Settings
 from flexlease.errors import Gone, RequestError, StoreError
 from flexlease.logging import ctx
@@ -229,9 +234,25 @@ async def _replied(
     except asyncio.CancelledError:
         raise
     except Exception:
-        log.exception("internal error", extra=ctx(verb=verb))
+        log.exception("internal error; the request caches are dropped", extra=ctx(verb=verb))
+        forget_request_state(request.app)
         body = {"Error": f"internal error in {verb}; see the extender's log"}
         return web.json_response(body, status=500)
+
+
+def forget_request_state(app: web.Application) -> None:
+    """Drop everything the verbs keep between requests — the body decoder's pods, node lists
+    and interned names, the filter and prioritize caches, the parsed pods — and have the
+    inventory build every node's view afresh, so that a handler that failed half-way through
+    changing one of them leaves nothing behind: the next request is answered as a fresh
+    extender over the same store answers it (issue #37). The inventory's own state (nodes,
+    holdings, reservations) comes from the watches and the binder, which undoes its own
+    reservations (:mod:`extender.binder`)."""
+    app[ARGS_DECODER].clear()
+    app[FILTER_CACHE].clear()
+    app[PRIORITY_CACHE].clear()
+    app[PODS].clear()
+    app[INVENTORY].rebuild_views()
 
 
 def _reject(request: web.Request, status: int, reason: str, message: str) -> web.Response:
@@ -306,11 +327,18 @@ def _model(cls: type[_M], body: Any) -> _M:
     try:
         return cls.model_validate(body)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}"
-            for e in exc.errors(include_url=False)[:5]
-        )
+        problems = "; ".join(map(_problem, exc.errors(include_url=False, include_input=False)[:5]))
         raise _Reject(400, "bad_type", f"invalid {cls.__name__}: {problems}") from exc
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One validation error as ``<field path>: <what it must be>``. The embedded pod's and
+    node list's checks report the path below their field in the message itself."""
+    where = podfields.location("", error["loc"]) or "<body>"
+    message = names.explain(error["msg"])
+    if error["type"] in ("pod_field", "node_list"):
+        return f"{where}{'' if message.startswith('[') else '.'}{message}"
+    return f"{where}: {message}"
 
 
 def _request_of(request: web.Request, pod: dict[str, Any]) -> podapi.GpuRequest:

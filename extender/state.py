@@ -798,6 +798,15 @@ class Inventory:
             holders=MappingProxyType(holders),
         )
 
+    def rebuild_views(self) -> None:
+        """Build every node's view afresh from the GPUNodes, holdings and reservations at the
+        next :meth:`snapshot`, reusing nothing of the current views (after a request failed
+        unexpectedly: :func:`extender.server.forget_request_state`). Every node is then
+        reported changed (:meth:`changed_since`)."""
+        self._built_from.clear()
+        self._dirty.update(self._nodes)
+        self._dirty.update(self._views.keys())
+
     def snapshot(self) -> Snapshot:
         """An immutable view of all nodes. Rebuilds only nodes changed since the last call and
         returns the same object when nothing changed (compare ``version``)."""

@@ -155,6 +155,22 @@ class ExtenderSettings(_Group):
         "mounted volume) and loads them for new connections, without a restart. Files that do not "
         "load are logged and the last good ones stay.",
     )
+    tls_handshake_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a client has to finish the TLS handshake on the verbs' listener "
+        "(asyncio's default); a connection still shaking hands after that is closed and counted "
+        'in flexlease_extender_tls_handshake_failures_total{reason="timeout"}.',
+    )
+    tls_handshake_log_interval_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A refused TLS handshake (wrong, expired or missing client certificate, a "
+        "client that rejects ours, plain HTTP on the TLS port...) is logged with the peer's "
+        "address and OpenSSL's reason at most once per reason in this many seconds; the next "
+        "line says how many were not logged. Every one is counted in "
+        "flexlease_extender_tls_handshake_failures_total{reason}.",
+    )
     scheduler_names: tuple[str, ...] = Field(
         default=(keys.DEFAULT_SCHEDULER_NAME,),
         min_length=1,

@@ -360,6 +360,10 @@ class ParsedPods:
         self.hits = 0
         self.misses = 0
 
+    def clear(self) -> None:
+        """Forget every pod parsed (counters are kept)."""
+        self._entries.clear()
+
     def parse(self, pod: dict[str, Any]) -> GpuRequest:
         """``parse_pod(pod, resource)``; raises what it raises."""
         key = _version_key(pod)

@@ -5,17 +5,36 @@ and decodes keys case-insensitively; these models do the same. Embedded ``v1.Pod
 ``v1.NodeList`` values are ordinary camelCase Kubernetes JSON and are kept as raw dicts
 (parse a pod with :func:`flexlease.api.pod.parse_pod`). Scores run
 ``MinExtenderPriority``..``MaxExtenderPriority`` = 0..10.
+
+The request models (``ExtenderArgs``, ``ExtenderBindingArgs``, ``ExtenderPreemptionArgs``)
+refuse what Kubernetes does not allow in what the extender reads (issue #37): node names
+that are not DNS-1123 subdomains (:mod:`flexlease.api.names`), embedded pods whose read
+fields break their rules (:mod:`flexlease.api.podfields`), UIDs, and PDB violation counts
+outside int64. Their validation errors name the field.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Annotated, Any, Final, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
-from flexlease.api import keys
-from flexlease.errors import RequestError
+from flexlease.api import keys, names, podfields
+from flexlease.errors import PodSpecError
+
+INT64: Final = (-(2**63), 2**63 - 1)
+"""Go's ``int64`` range (``NumPDBViolations``)."""
 
 
 class WireModel(BaseModel):
@@ -43,30 +62,70 @@ def _aliases_by_lower(cls: type[WireModel]) -> dict[str, str]:
     return {(field.alias or name).lower(): (field.alias or name) for name, field in cls.model_fields.items()}
 
 
+def _pod_field(check: Any) -> Any:
+    """An ``AfterValidator`` running ``check(pod, where="")`` (a :mod:`flexlease.api.podfields`
+    check) and reporting its :class:`PodSpecError` as the field's validation error."""
+
+    def validate(pod: dict[str, Any]) -> dict[str, Any]:
+        try:
+            check(pod, where="")
+        except PodSpecError as exc:
+            raise PydanticCustomError("pod_field", "{problem}", {"problem": str(exc)}) from None
+        return pod
+
+    return AfterValidator(validate)
+
+
+_Pod = Annotated[dict[str, Any], _pod_field(podfields.check_pod)]
+"""An embedded ``v1.Pod``, kept as a dict, whose read fields are checked."""
+_VictimPod = Annotated[dict[str, Any], _pod_field(podfields.check_victim)]
+
+
+class _NodeMeta(TypedDict):
+    name: names.NodeNameField
+
+
+class _NodeItem(TypedDict):
+    metadata: _NodeMeta
+
+
+class _NodeList(TypedDict):
+    items: NotRequired[list[_NodeItem] | None]
+
+
+_NODE_LIST: Final = TypeAdapter(_NodeList)
+
+
+def _checked_nodes(nodes: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``Nodes`` (a ``v1.NodeList``, kept as a dict) when every item names a node as
+    Kubernetes allows (``items[].metadata.name``, a DNS-1123 subdomain)."""
+    if nodes is None:
+        return None
+    try:
+        _NODE_LIST.validate_python(nodes)
+    except ValidationError as exc:
+        e = exc.errors(include_url=False, include_input=False)[0]
+        problem = f"{podfields.location('', e['loc'])}: {names.explain(e['msg'])}"
+        raise PydanticCustomError("node_list", "{problem}", {"problem": problem}) from None
+    return nodes
+
+
 class ExtenderArgs(WireModel):
     """Body of ``/filter`` and ``/prioritize``. With ``nodeCacheCapable: true``, ``Nodes`` is
     null and ``NodeNames`` holds the candidates."""
 
-    pod: dict[str, Any] = Field(alias="Pod")
-    nodes: dict[str, Any] | None = Field(default=None, alias="Nodes")
-    node_names: list[str] | None = Field(default=None, alias="NodeNames")
+    pod: _Pod = Field(alias="Pod")
+    nodes: Annotated[dict[str, Any] | None, AfterValidator(_checked_nodes)] = Field(
+        default=None, alias="Nodes"
+    )
+    node_names: list[names.NodeNameField] | None = Field(default=None, alias="NodeNames")
 
     def candidate_names(self) -> list[str]:
         """Candidate node names: ``NodeNames`` or, when not cache-capable,
-        ``Nodes.items[].metadata.name``. Raises :class:`RequestError` on a malformed NodeList."""
+        ``Nodes.items[].metadata.name`` (checked when the model was validated)."""
         if self.node_names is not None:
             return list(self.node_names)
-        items = (self.nodes or {}).get("items") or []
-        if not isinstance(items, list):
-            raise RequestError("Nodes.items must be a list")
-        names: list[str] = []
-        for node in items:
-            meta = node.get("metadata") if isinstance(node, dict) else None
-            name = meta.get("name") if isinstance(meta, dict) else None
-            if not isinstance(name, str) or not name:
-                raise RequestError("every Nodes.items[] needs metadata.name")
-            names.append(name)
-        return names
+        return [node["metadata"]["name"] for node in (self.nodes or {}).get("items") or []]
 
 
 class ExtenderFilterResult(WireModel):
@@ -92,10 +151,10 @@ class HostPriority(WireModel):
 class ExtenderBindingArgs(WireModel):
     """Body of ``/bind``."""
 
-    pod_name: str = Field(alias="PodName", min_length=1)
-    pod_namespace: str = Field(alias="PodNamespace", min_length=1)
-    pod_uid: str = Field(alias="PodUID")
-    node: str = Field(alias="Node", min_length=1)
+    pod_name: names.SubdomainField = Field(alias="PodName")
+    pod_namespace: names.NamespaceField = Field(alias="PodNamespace")
+    pod_uid: names.UidOrEmptyField = Field(alias="PodUID")
+    node: names.NodeNameField = Field(alias="Node")
 
 
 class ExtenderBindingResult(WireModel):
@@ -103,44 +162,43 @@ class ExtenderBindingResult(WireModel):
 
 
 class MetaPod(WireModel):
-    uid: str = Field(alias="UID")
+    uid: names.UidField = Field(alias="UID")
 
 
 class MetaVictims(WireModel):
     pods: list[MetaPod] = Field(default_factory=list, alias="Pods")
-    num_pdb_violations: int = Field(default=0, alias="NumPDBViolations")
+    num_pdb_violations: int = Field(default=0, ge=INT64[0], le=INT64[1], alias="NumPDBViolations")
 
 
 class Victims(WireModel):
-    pods: list[dict[str, Any]] = Field(default_factory=list, alias="Pods")
-    num_pdb_violations: int = Field(default=0, alias="NumPDBViolations")
+    pods: list[_VictimPod] = Field(default_factory=list, alias="Pods")
+    num_pdb_violations: int = Field(default=0, ge=INT64[0], le=INT64[1], alias="NumPDBViolations")
 
 
 class ExtenderPreemptionArgs(WireModel):
     """Body of ``/preempt``. With ``nodeCacheCapable: true`` the scheduler fills
     ``NodeNameToMetaVictims``; otherwise ``NodeNameToVictims`` with full pods."""
 
-    pod: dict[str, Any] = Field(alias="Pod")
-    node_name_to_victims: dict[str, Victims] | None = Field(default=None, alias="NodeNameToVictims")
-    node_name_to_meta_victims: dict[str, MetaVictims] | None = Field(
+    pod: _Pod = Field(alias="Pod")
+    node_name_to_victims: dict[names.NodeNameField, Victims] | None = Field(
+        default=None, alias="NodeNameToVictims"
+    )
+    node_name_to_meta_victims: dict[names.NodeNameField, MetaVictims] | None = Field(
         default=None, alias="NodeNameToMetaVictims"
     )
 
     def victims_by_node(self) -> dict[str, MetaVictims]:
-        """The scheduler's proposal as ``{node: MetaVictims}``, whichever form was sent.
-        Raises :class:`RequestError` when a full victim pod has no ``metadata.uid``."""
+        """The scheduler's proposal as ``{node: MetaVictims}``, whichever form was sent (full
+        victim pods carry ``metadata.uid``: checked when the model was validated)."""
         if self.node_name_to_meta_victims is not None:
             return dict(self.node_name_to_meta_victims)
-        out: dict[str, MetaVictims] = {}
-        for node, victims in (self.node_name_to_victims or {}).items():
-            uids: list[MetaPod] = []
-            for pod in victims.pods:
-                meta = pod.get("metadata")
-                if not isinstance(meta, dict) or not isinstance(meta.get("uid"), str):
-                    raise RequestError(f"NodeNameToVictims[{node}].Pods[] needs metadata.uid")
-                uids.append(MetaPod(uid=meta["uid"]))
-            out[node] = MetaVictims(pods=uids, num_pdb_violations=victims.num_pdb_violations)
-        return out
+        return {
+            node: MetaVictims(
+                pods=[MetaPod(uid=pod["metadata"]["uid"]) for pod in victims.pods],
+                num_pdb_violations=victims.num_pdb_violations,
+            )
+            for node, victims in (self.node_name_to_victims or {}).items()
+        }
 
 
 class ExtenderPreemptionResult(WireModel):

@@ -68,9 +68,11 @@ class Authority:
         ips: tuple[str, ...] = (),
         server: bool = False,
         key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | None = None,
+        valid: tuple[dt.timedelta, dt.timedelta] = (dt.timedelta(minutes=-5), dt.timedelta(days=1)),
     ) -> Issued:
         """A leaf certificate for ``common_name`` (server or client auth) signed by this CA,
-        for ``key`` (default: a new P-256 key)."""
+        for ``key`` (default: a new P-256 key), valid from now + ``valid[0]`` to now +
+        ``valid[1]`` (an expired one: both negative)."""
         key = key if key is not None else ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         builder = (
@@ -79,8 +81,8 @@ class Authority:
             .issuer_name(self._cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
+            .not_valid_before(now + valid[0])
+            .not_valid_after(now + valid[1])
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage(

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from extender import server
 from flexlease.api import keys
 from flexlease.errors import Conflict
 from flexlease.store.base import JsonObj, Kind
@@ -54,3 +55,30 @@ async def test_a_binding_answered_409_after_it_landed_is_a_success(start: Any, s
     stored = await store.get(Kind.POD, "p", namespace="ml")
     assert stored["spec"]["nodeName"] == "n1"
     assert stored["metadata"]["annotations"][keys.ANN_ASSIGNED_GPUS] == "n1:0,1"
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-the-binding", "after-the-binding"])
+@pytest.mark.parametrize("gpus", [2, 0], ids=["gpu-pod", "cpu-pod"])
+async def test_an_unexpected_store_exception_is_a_failed_binding_settled_by_a_read(
+    start: Any, store: FaultyStore, after: bool, gpus: int
+) -> None:
+    """A store that raises something other than a StoreError (it broke its contract) is not a
+    500 that leaves a reservation behind (issue #37): the Binding's outcome is unknown, so the
+    pod is read back — bound as asked: success; not bound: the reservation is forgotten and
+    the GPUs are free for the next pod at once."""
+    await add_node(store, payloads.gpunode("n1", gpus=2))
+    client = await start()
+    pod = await add_pod(store, payloads.pod("p", gpus=gpus))
+    other = await add_pod(store, payloads.pod("q", gpus=2))
+    broke = store.fail("bind", after=after, error=lambda: RuntimeError("the store's socket broke"))
+    error = await bind(client, pod)
+    assert broke.fired == 1
+    stored = await store.get(Kind.POD, "p", namespace="ml")
+    inv = client.app[server.INVENTORY]
+    if after:
+        assert error == "" and stored["spec"]["nodeName"] == "n1"
+        return
+    assert "unexpected RuntimeError: the store's socket broke" in error
+    assert not stored["spec"].get("nodeName") and keys.ANN_ASSIGNED_GPUS not in await annotations(store, "p")
+    assert inv.reservation(pod["metadata"]["uid"]) is None
+    assert await bind(client, other) == ""  # its GPUs went to no one

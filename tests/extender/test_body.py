@@ -11,6 +11,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from extender import body
 from flexlease.api import wire
@@ -19,6 +20,22 @@ from tests.extender import payloads
 
 def _general(raw: bytes) -> wire.ExtenderArgs:
     return wire.ExtenderArgs.model_validate(body.decode(raw))
+
+
+def _general_refuses(raw: bytes) -> bool:
+    """Whether the general way answers ``raw`` with a 400 (bad JSON, a field Kubernetes
+    does not allow)."""
+    try:
+        _general(raw)
+    except (body.BodyError, ValidationError):
+        return True
+    return False
+
+
+def _handed_over(raw: bytes) -> None:
+    """``raw``, which the fast path handed over, is one the general way refuses, or one that
+    may hold an integer beyond 64 bits (the fast path leaves those to the reference decoder)."""
+    assert _general_refuses(raw) or re.search(rb"[0-9]{19}", raw) is not None, raw
 
 
 def _members(args: body.CandidateArgs | wire.ExtenderArgs) -> tuple[Any, Any, Any]:
@@ -45,15 +62,26 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=12,
 )
+_node_names = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,6}[a-z0-9])?(\.[a-z0-9]{1,3}){0,2}", fullmatch=True)
+"""Node names Kubernetes allows (DNS-1123 subdomains)."""
+_names = st.one_of(_node_names, st.text(max_size=12))
+"""Node names as a hostile client may send them: mostly valid, some any text."""
+_pods = st.one_of(
+    st.dictionaries(st.text(max_size=8), _json, max_size=4),
+    st.fixed_dictionaries(
+        {
+            "metadata": st.fixed_dictionaries(
+                {"name": _node_names}, optional={"namespace": _names, "x": _json}
+            )
+        },
+        optional={"spec": _json, "status": _json, "x": _json},
+    ),
+)
+"""Pods: any JSON object, or one with a valid name and any other members."""
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    pod=st.dictionaries(st.text(max_size=8), _json, max_size=4),
-    other=st.dictionaries(st.text(max_size=8), _json, max_size=4),
-    names=st.lists(st.text(max_size=12), max_size=20),
-    compact=st.booleans(),
-)
+@given(pod=_pods, other=_pods, names=st.lists(_names, max_size=20), compact=st.booleans())
 def test_the_fast_path_gives_what_the_general_path_gives(
     pod: dict[str, Any], other: dict[str, Any], names: list[str], compact: bool
 ) -> None:
@@ -64,8 +92,8 @@ def test_the_fast_path_gives_what_the_general_path_gives(
     decoder = body.ExtenderArgsDecoder()
     for text in (raw, raw, then, then):
         args = decoder.decode(text)
-        if args is None:  # only a pod that may hold an integer beyond 64 bits goes the general way
-            assert re.search(rb"[0-9]{19}", text) is not None
+        if args is None:
+            _handed_over(text)
             continue
         expected = _general(text)
         assert _members(args) == _members(expected)
@@ -78,7 +106,10 @@ def test_a_body_ending_in_a_kept_list_is_split_at_the_envelope() -> None:
     first = decoder.decode(_envelope({"metadata": {"name": "a"}}, names, compact=True))
     assert first is not None and (decoder.hits, decoder.misses) == (0, 2)
     # the pod's text holds the envelope's own tail and the list: still split at the end
-    tricky = {"metadata": {"name": ',"Nodes":null,"NodeNames":' + json.dumps(names, separators=(",", ":"))}}
+    tricky = {
+        "metadata": {"name": "a"},
+        "x": ',"Nodes":null,"NodeNames":' + json.dumps(names, separators=(",", ":")),
+    }
     raw = _envelope(tricky, names, compact=True)
     args = decoder.decode(raw)
     assert args is not None and args.node_names is first.node_names
@@ -95,7 +126,7 @@ def test_a_new_list_is_split_at_the_last_tail() -> None:
     ``,"Nodes":null,"NodeNames":``, also when the pod holds those very members."""
     names = [f"gpu-{i:04d}" for i in range(50)]
     text = json.dumps(names, separators=(",", ":"))
-    tricky = b'{"x":1,"Nodes":null,"NodeNames":' + text.encode() + b"}"
+    tricky = b'{"metadata":{"name":"a"},"x":1,"Nodes":null,"NodeNames":' + text.encode() + b"}"
     for pod in (b'{"metadata":{"name":"a"}}', tricky):
         raw = b'{"Pod":' + pod + b',"Nodes":null,"NodeNames":' + json.dumps(names[::-1]).encode() + b"}"
         assert raw.count(b',"Nodes":null,"NodeNames":') == (2 if pod is tricky else 1)
@@ -171,20 +202,18 @@ def test_a_real_filter_body_reuses_the_pod_and_the_node_list() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    names=st.lists(st.text(max_size=12), max_size=20),
-    pod=st.dictionaries(st.text(max_size=8), _json, max_size=4),
-)
+@given(names=st.lists(_node_names, max_size=20), pod=_pods)
 def test_an_announced_list_is_used_as_its_decoding(names: list[str], pod: dict[str, Any]) -> None:
-    """A list announced with its orjson text (the filter reply's NodeNames) is not decoded
-    again: the prioritize body ending in it gives what the general path gives."""
+    """A list announced with its orjson text (the filter reply's NodeNames: candidates that
+    passed the checks) is not decoded again: the prioritize body ending in it gives what the
+    general path gives."""
     decoder = body.ExtenderArgsDecoder()
     text = orjson.dumps(names)
     decoder.announce(text, names)
     raw = b'{"Pod":' + orjson.dumps(pod) + b',"Nodes":null,"NodeNames":' + text + b"}"
     args = decoder.decode(raw)
-    if args is None:  # a pod that may hold an integer beyond 64 bits: the general way
-        assert re.search(rb"[0-9]{19}", raw) is not None
+    if args is None:
+        _handed_over(raw)
         return
     assert args.node_names is names and decoder.misses == 1  # the pod only
     assert _members(args) == _members(_general(raw))
@@ -192,24 +221,31 @@ def test_an_announced_list_is_used_as_its_decoding(names: list[str], pod: dict[s
 
 @settings(max_examples=200, deadline=None)
 @given(
-    universe=st.lists(st.text(max_size=12), max_size=30, unique=True),
+    universe=st.lists(_names, max_size=30, unique=True),
     picks=st.lists(st.integers(0, 40), max_size=25),
     stranger=st.booleans(),
 )
 def test_interned_names_decode_into_the_interned_strings(
     universe: list[str], picks: list[int], stranger: bool
 ) -> None:
-    """After intern(U), a list drawn from U decodes into U's own string objects; a list
-    with any other name decodes into new ones; either way what the general path gives."""
+    """After intern(U), a list drawn from U's valid node names decodes into U's own string
+    objects; a list with any other valid name decodes into new ones; either way what the
+    general path gives. A list with a name Kubernetes does not allow is handed over and
+    refused, also when U holds that name (a test store's GPUNode may)."""
     universe = [n.encode().decode() for n in universe]  # objects of their own
     names = [universe[i % len(universe)] for i in picks] if universe else []
     if stranger:
-        names.append("not-in-the-universe" + "".join(universe))
+        names.append("not-in-the-universe")
     decoder = body.ExtenderArgsDecoder()
     decoder.intern(universe)
     decoder.intern(universe)  # the same list again: kept as it is
     raw = _envelope({"metadata": {"name": "p"}}, names, compact=True)
     args = decoder.decode(raw)
+    if not all(
+        re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", n) for n in names
+    ):
+        assert args is None and _general_refuses(raw)
+        return
     assert args is not None and args.node_names is not None
     assert args.node_names == _general(raw).node_names == names
     own = {id(n) for n in universe}
@@ -267,23 +303,49 @@ def test_bodies_not_in_the_exact_shape_go_the_general_way(raw: bytes) -> None:
 
 
 @pytest.mark.parametrize(
-    "literal",
-    [b"18446744073709551616", b"-9223372036854775809", b"99999999999999999999", b"12345678901234567890"],
+    "literal", [b"12345678901234567890", b"18446744073709551615", b"-9223372036854775808"]
 )
-def test_integers_outside_64_bits_stay_exact_integers(literal: bytes) -> None:
-    """orjson reads them as floats; the reference decoder (which decides) as integers."""
+def test_long_integers_within_64_bits_stay_exact_integers(literal: bytes) -> None:
+    """orjson may read them as floats; the reference decoder (which decides) as integers."""
     raw = b'{"Pod": {"x": ' + literal + b'}, "Nodes": null, "NodeNames": []}'
     assert body.decode(raw)["Pod"]["x"] == int(literal)
     assert type(body.decode(raw)["Pod"]["x"]) is int
     assert body.ExtenderArgsDecoder().decode(raw) is None
 
 
+@pytest.mark.parametrize(
+    "literal", [b"18446744073709551616", b"-9223372036854775809", b"99999999999999999999"]
+)
+def test_integers_outside_64_bits_are_refused(literal: bytes) -> None:
+    """No Kubernetes integer, and orjson could not write one back in a reply (issue #37)."""
+    raw = b'{"Pod": {"x": ' + literal + b'}, "Nodes": null, "NodeNames": []}'
+    with pytest.raises(body.BodyError, match="outside the 64-bit range") as info:
+        body.decode(raw)
+    assert info.value.reason == "bad_json"
+
+
+def test_lone_surrogates_are_refused_naming_the_member() -> None:
+    """Python's json reads ``"\\ud800"`` (orjson and msgspec do not); no reply, no log line in
+    orjson and no Go client can carry it, so the body is refused where it is (issue #37). A
+    surrogate pair is a character like any other."""
+    for raw, where in (
+        (rb'{"Pod": {}, "Nodes": null, "NodeNames": ["n1", "\ud800"]}', "NodeNames[1]"),
+        (rb'{"Pod": {"metadata": {"labels": {"\udfff": "x"}}}}', 'Pod.metadata.labels["\\udfff"]'),
+        (rb'{"Pod": {"a": "\udc00\ud800"}}', "Pod.a"),
+    ):
+        with pytest.raises(body.BodyError) as info:
+            body.decode(raw)
+        assert info.value.reason == "bad_string"
+        assert str(info.value).startswith(f"{where}: a string that is not valid Unicode"), str(info.value)
+    assert body.decode(rb'{"a": "\ud83d\ude00", "\\ud800": 1}') == {"a": "\U0001f600", "\\ud800": 1}
+
+
 def test_the_depth_limit_counts_the_envelope() -> None:
-    raw = _envelope(_nested(99), ["n1"])  # 100 levels in all: accepted either way
+    raw = _envelope({"metadata": {"name": "p"}, "a": _nested(98)}, ["n1"])  # 100 levels in all: accepted
     args = body.ExtenderArgsDecoder().decode(raw)
     assert args is not None and _members(args) == _members(_general(raw))
     with pytest.raises(body.BodyError, match="deeper than 100") as info:
-        body.decode(_envelope(_nested(100), ["n1"]))
+        body.decode(_envelope({"metadata": {"name": "p"}, "a": _nested(99)}, ["n1"]))
     assert info.value.reason == "too_deep"
 
 

@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any, Final
 
@@ -16,7 +17,7 @@ from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extender import body, server
+from extender import body, equivalence, server
 from extender.fitarrays import FitArrays
 from flexlease.api import keys
 from flexlease.store.base import Kind
@@ -441,7 +442,7 @@ async def test_preempt_drops_nodes_where_eviction_cannot_help(start: Any, store:
                 payloads.extender_args(payloads.pod("p", annotations={keys.ANN_GPU_TYPE: ["H20"]}), ["n1"])
             ).encode(),  # type: ignore[dict-item]
             400,
-            "must be a string",
+            'Pod.metadata.annotations["flexlease.io/gpu-type"]: Input should be a valid string',
         ),
         (
             "prioritize",
@@ -449,13 +450,13 @@ async def test_preempt_drops_nodes_where_eviction_cannot_help(start: Any, store:
                 payloads.extender_args(payloads.pod("p", annotations={keys.ANN_CHECKPOINT: ["c"]}), ["n1"])
             ).encode(),  # type: ignore[dict-item]
             400,
-            "must be a string",
+            'Pod.metadata.annotations["flexlease.io/checkpoint"]: Input should be a valid string',
         ),
         (
             "filter",
             json.dumps({"Pod": payloads.pod("p"), "Nodes": {"items": [{"metadata": "n1"}]}}).encode(),
             400,
-            "metadata.name",
+            "Nodes.items[0].metadata: Input should be a valid dictionary",
         ),
         (
             "preempt",
@@ -463,7 +464,7 @@ async def test_preempt_drops_nodes_where_eviction_cannot_help(start: Any, store:
                 {"Pod": payloads.pod("p"), "NodeNameToVictims": {"n1": {"Pods": [{"metadata": "x"}]}}}
             ).encode(),
             400,
-            "metadata.uid",
+            "NodeNameToVictims.n1.Pods[0].metadata: Input should be a valid dictionary",
         ),
         ("score", b"{}", 404, "unknown path"),
         ("filter/extra", b"{}", 404, "unknown path"),
@@ -530,6 +531,177 @@ async def test_internal_faults_are_logged_500(
     assert resp.status == 500
     assert "internal error in filter" in (await resp.json())["Error"]
     assert "boom" in caplog.text
+
+
+# --------------------------------------------------------------------------- one request never poisons the next
+
+
+def _go(obj: Any) -> bytes:
+    """``obj`` as Go's encoding/json writes it (compact), lone surrogates escaped as ``\ud800``
+    (which Go never writes, but any client can)."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _poisons() -> list[tuple[str, bytes, str]]:
+    pod = payloads.pod("p", uid="0548e338-a48b-49c4-b60d-396545eabc13")
+    meta = {"Pods": [{"UID": "u-1"}], "NumPDBViolations": 0}
+
+    def with_meta(**fields: Any) -> dict[str, Any]:
+        return {**pod, "metadata": {**pod["metadata"], **fields}}
+
+    return [
+        (
+            "filter",
+            _go(payloads.extender_args(pod, ["n-free", "\ud800"])),
+            "NodeNames[1]: a string that is not valid Unicode",
+        ),
+        (
+            "prioritize",
+            _go(payloads.extender_args(pod, ["\udc00"])),
+            "NodeNames[0]: a string that is not valid Unicode",
+        ),
+        (
+            "filter",
+            _go({"Pod": pod, "Nodes": {"items": [payloads.node("n-free"), payloads.node("\ud800")]}}),
+            "Nodes.items[1].metadata.name: a string that is not valid Unicode",
+        ),
+        (
+            "preempt",
+            _go({"Pod": pod, "NodeNameToMetaVictims": {"\ud800": meta}}),
+            'NodeNameToMetaVictims["\\ud800"]: a string that is not valid Unicode',
+        ),
+        (
+            "bind",
+            _go({**payloads.binding_args(pod, "n-free"), "Node": "\ud800"}),
+            "Node: a string that is not valid Unicode",
+        ),
+        (
+            "filter",
+            _go(payloads.extender_args(pod, ["N-FREE"])),
+            "NodeNames[0]: expected a lowercase RFC 1123 subdomain",
+        ),
+        (
+            "filter",
+            _go(payloads.extender_args(pod, ["n-free\u202e"])),
+            "NodeNames[0]: expected a lowercase RFC 1123",
+        ),
+        (
+            "prioritize",
+            _go(payloads.extender_args(pod, ["n" * 65536])),
+            "NodeNames[0]: String should have at most 253",
+        ),
+        (
+            "filter",
+            _go(payloads.extender_args(with_meta(namespace="ML"), [])),
+            "Pod.metadata.namespace: expected a lowercase RFC 1123 label",
+        ),
+        (
+            "filter",
+            _go(payloads.extender_args(with_meta(ownerReferences=[{"name": "Job\x00"}]), [])),
+            "Pod.metadata.ownerReferences[0].name: expected a lowercase RFC 1123 subdomain",
+        ),
+        (
+            "prioritize",
+            _go(payloads.extender_args(with_meta(labels={keys.LABEL_OWNER: "job\u200f"}), [])),
+            'Pod.metadata.labels["flexlease.io/owner"]: expected a valid label value',
+        ),
+        (
+            "bind",
+            _go({**payloads.binding_args(pod, "n-free"), "PodNamespace": "m\x00l"}),
+            "PodNamespace: expected a lowercase RFC 1123 label",
+        ),
+        (
+            "preempt",
+            _go({"Pod": pod, "NodeNameToMetaVictims": {"n-free": {**meta, "NumPDBViolations": 2**63}}}),
+            'NodeNameToMetaVictims["n-free"].NumPDBViolations: Input should be less than or equal to 9223372036854775807',
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("verb", "bad", "needle"), _poisons())
+async def test_a_hostile_request_gets_a_400_naming_the_field_and_the_next_one_its_answer(
+    start: Any, store: MemoryStore, verb: str, bad: bytes, needle: str
+) -> None:
+    """Issue #37's reproduction: a good /filter (200), a hostile request (a lone surrogate,
+    a name Kubernetes does not allow, ...), the good /filter again: 200 and the same reply,
+    byte for byte. Before, the surrogate was answered 500 and so was every filter after it
+    (the node-name decoder was rebuilt over a universe holding it)."""
+    await seed_cluster(store)
+    client = await start()
+    good = _go(payloads.extender_args(payloads.pod("q", gpus=2), ALL))
+    first = await client.post("/filter", data=good)
+    assert first.status == 200
+    resp = await client.post(f"/{verb}", data=bad, headers={"Content-Type": "application/json"})
+    assert resp.status == 400, await resp.text()
+    assert needle in (await resp.json())["Error"]
+    again = await client.post("/filter", data=good)
+    assert again.status == 200
+    assert await again.read() == await first.read()
+    # nothing of the hostile request was kept: every name the filter cache holds is valid
+    subdomain = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    assert all(re.fullmatch(subdomain, n) for n in client.app[server.FILTER_CACHE].universe)
+
+
+async def test_a_gpunode_with_a_name_kubernetes_refuses_poisons_nothing(
+    start: Any, store: MemoryStore
+) -> None:
+    """A test store takes any GPUNode name (an API server would not): the node-name decoder
+    is built over the valid names only, so every filter is still answered, and a request
+    naming the odd node is refused like any invalid name."""
+    await seed_cluster(store)
+    await add_node(store, payloads.gpunode("GPU_Node"))
+    client = await start()
+    await eventually(lambda: "GPU_Node" in client.app[server.INVENTORY].snapshot().nodes)
+    pod = payloads.pod("q", gpus=1)
+    for _ in range(2):  # the second is decoded over the interned universe
+        reply = await post(client, "filter", payloads.extender_args(pod, ALL))
+        assert reply["NodeNames"] == ["n-free", "n-a100", "n-owned"]
+    resp = await client.post("/filter", data=_go(payloads.extender_args(pod, ["GPU_Node"])))
+    assert resp.status == 400 and "NodeNames[0]" in (await resp.json())["Error"]
+
+
+async def test_twenty_thousand_names_are_answered_like_five(start: Any, store: MemoryStore) -> None:
+    await seed_cluster(store)
+    client = await start()
+    pod = payloads.pod("q", gpus=1)
+    many = [*ALL, *(f"cpu-{i}" for i in range(20_000)), *ALL]
+    reply = await post(client, "filter", payloads.extender_args(pod, many))
+    assert reply["NodeNames"] == ["n-free", "n-a100", "n-owned"]
+    assert len(reply["FailedAndUnresolvableNodes"]) == 20_003
+    assert (await post(client, "filter", payloads.extender_args(pod, ALL)))["NodeNames"] == reply["NodeNames"]
+
+
+async def test_a_fault_half_way_through_a_filter_leaves_nothing_behind(
+    aiohttp_client: Any, start: Any, store: MemoryStore, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    """A handler that raises after changing a cache is answered 500 and drops the request
+    caches: kube-scheduler's retry is answered as a fresh extender answers it. Before, a
+    fault after FilterCache._positions left the new candidate list recorded with the old
+    list's positions, and the retry got the old list's order."""
+    await seed_cluster(store)
+    client = await start()
+    pod = payloads.pod("q", gpus=1)
+    await post(client, "filter", payloads.extender_args(pod, ALL))
+    real = equivalence.FilterCache._positions
+    calls: list[int] = []
+
+    def once(self: equivalence.FilterCache, *args: Any) -> Any:
+        out = real(self, *args)
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("a fault after the universe changed")
+        return out
+
+    monkeypatch.setattr(equivalence.FilterCache, "_positions", once)
+    body = payloads.extender_args(pod, ALL[::-1])
+    resp = await client.post("/filter", json=body)
+    assert resp.status == 500
+    assert client.app[server.FILTER_CACHE].universe == []  # dropped
+    retry = await post(client, "filter", body)
+    fresh = await aiohttp_client(server.create_app(settings, store))
+    await eventually(lambda: fresh.app[server.INVENTORY].ready)
+    assert retry == await post(fresh, "filter", body)
+    assert retry["NodeNames"] == ["n-owned", "n-a100", "n-free"]
 
 
 # --------------------------------------------------------------------------- probes and metrics
@@ -661,7 +833,7 @@ def nested(depth: int) -> bytes:
                 )
             ).encode(),
             {},
-            "ownerReferences must be a list",
+            "Pod.metadata.ownerReferences: Input should be a valid list",
         ),
         (b"garbage, not deflate", {"Content-Encoding": "deflate"}, "cannot read the request body"),
         (b"\x1f\x8b garbage, not gzip", {"Content-Encoding": "gzip"}, "cannot read the request body"),
@@ -932,8 +1104,7 @@ async def test_reasons_read_well_in_the_schedulers_aggregation_and_say_whether_p
     "literal",
     [
         b"NaN",  # Python's json reads it, orjson refuses it
-        b'"\\ud800"',  # a lone surrogate: likewise
-        b"-9223372036854775809",  # below int64 but 20 characters: within MAX_JSON_INT_DIGITS
+        b"-9223372036854775808",  # int64's smallest, 20 characters: the reference decoder reads it
         b"18446744073709551615",  # uint64's largest: both decoders read it
     ],
 )
@@ -950,3 +1121,29 @@ async def test_fast_decoder_accepts_what_the_reference_decoder_accepts(
     resp = await client.post("/filter", data=body, headers={"Content-Type": "application/json"})
     assert resp.status == 200, await resp.text()
     assert (await resp.json())["NodeNames"] == ["n-free"]
+
+
+@pytest.mark.parametrize(
+    ("literal", "needle"),
+    [
+        # a lone surrogate: Python's json reads it, orjson and msgspec refuse it; no reply
+        # could hold it (issue #37: it poisoned the node-name decoder)
+        (b'"\\ud800"', "Pod.metadata.x: a string that is not valid Unicode"),
+        (b'{"\\udc00": 1}', 'Pod.metadata.x["\\udc00"]: a string that is not valid Unicode'),
+        # below int64, 20 characters: within MAX_JSON_INT_DIGITS, but no Kubernetes integer
+        (b"-9223372036854775809", "integer -9223372036854775809 is outside the 64-bit range"),
+        (b"18446744073709551616", "integer 18446744073709551616 is outside the 64-bit range"),  # uint64 + 1
+    ],
+)
+async def test_what_no_client_could_write_back_is_refused(
+    start: Any, store: MemoryStore, literal: bytes, needle: str
+) -> None:
+    """Values the reference decoder reads but that cannot be encoded again (no lone
+    surrogate is UTF-8, orjson writes at most 64-bit integers) are a 400 naming the member."""
+    await seed_cluster(store)
+    client = await start()
+    args = json.dumps(payloads.extender_args(payloads.pod("p"), ["n-free"])).encode()
+    body = args.replace(b'"metadata": {', b'"metadata": {"x": ' + literal + b", ", 1)
+    resp = await client.post("/filter", data=body, headers={"Content-Type": "application/json"})
+    assert resp.status == 400
+    assert needle in (await resp.json())["Error"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import ssl
 from pathlib import Path
@@ -40,10 +41,20 @@ class Pki:
         self.scheduler = self.ca.issue("scheduler", common_name="flexlease-scheduler")
         self.intruder = self.ca.issue("intruder", common_name="some-workload", dns=("attacker.ns.svc",))
         self.foreign = Authority(directory, "other-ca").issue("foreign", common_name="flexlease-scheduler")
+        day = dt.timedelta(days=1)
+        self.expired = self.ca.issue("expired", common_name="flexlease-scheduler", valid=(-2 * day, -day))
+        self.early = self.ca.issue("early", common_name="flexlease-scheduler", valid=(day, 2 * day))
+        self._other_ca = directory / "other-ca.crt"
 
     def settings(self, **extender: Any) -> Any:
         extender.setdefault("tls_client_ca_file", self.ca.ca_file)
         return make_settings(tls_cert_file=self.server.cert, tls_key_file=self.server.key, **extender)
+
+    def distrusting(self) -> ssl.SSLContext:
+        """A client with the scheduler's certificate that trusts another CA, not ours."""
+        context = ssl.create_default_context(cafile=str(self._other_ca))
+        context.load_cert_chain(self.scheduler.cert, self.scheduler.key)
+        return context
 
     def client(self, issued: Issued | None, *, max_tls12: bool = False) -> ssl.SSLContext:
         """A client context trusting our CA, presenting ``issued`` (None: no certificate)."""

@@ -79,3 +79,42 @@ def test_binding_args_require_names() -> None:
         wire.ExtenderBindingArgs.model_validate(
             {"PodName": "", "PodNamespace": "ns", "PodUID": "", "Node": "n"}
         )
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"Pod": make_pod(), "NodeNames": ["gpu-1", "GPU-2"]}, ("NodeNames", 1)),
+        ({"Pod": make_pod(), "NodeNames": ["gpu-1\n"]}, ("NodeNames", 0)),
+        ({"Pod": make_pod(), "NodeNames": ["g" * 254]}, ("NodeNames", 0)),
+        ({"Pod": make_pod(), "Nodes": {"items": [{"metadata": {"name": "Gpu"}}]}}, ("Nodes",)),
+        ({"Pod": {"metadata": {"name": "p", "namespace": "Team"}}, "NodeNames": []}, ("Pod",)),
+    ],
+)
+def test_args_refuse_names_kubernetes_refuses(body: dict[str, object], where: tuple[object, ...]) -> None:
+    """Issue #37: node names are DNS-1123 subdomains and the embedded pod's read fields
+    follow their rules; the error is located at the field."""
+    with pytest.raises(ValidationError) as info:
+        wire.ExtenderArgs.model_validate(body)
+    assert info.value.errors()[0]["loc"] == where
+
+
+def test_preemption_and_binding_args_refuse_names_and_counts_kubernetes_refuses() -> None:
+    pod = make_pod()
+    for bad in (
+        {"Pod": pod, "NodeNameToMetaVictims": {"Gpu-1": {"Pods": []}}},
+        {"Pod": pod, "NodeNameToMetaVictims": {"gpu-1": {"Pods": [{"UID": "u\x00"}]}}},
+        {"Pod": pod, "NodeNameToMetaVictims": {"gpu-1": {"Pods": [], "NumPDBViolations": 2**63}}},
+        {"Pod": pod, "NodeNameToVictims": {"gpu-1": {"Pods": [{"metadata": {"name": "v"}}]}}},  # no uid
+    ):
+        with pytest.raises(ValidationError):
+            wire.ExtenderPreemptionArgs.model_validate(bad)
+    for field, value in (("PodName", "P"), ("PodNamespace", "a.b"), ("PodUID", "-u"), ("Node", "n_1")):
+        args = {"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "n", field: value}
+        with pytest.raises(ValidationError) as info:
+            wire.ExtenderBindingArgs.model_validate(args)
+        assert info.value.errors()[0]["loc"] == (field,)
+    ok = wire.ExtenderBindingArgs.model_validate(
+        {"PodName": "p", "PodNamespace": "ns", "PodUID": "", "Node": "n"}
+    )
+    assert ok.pod_uid == ""  # an empty UID: unchecked, as before

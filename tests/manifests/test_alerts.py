@@ -1,6 +1,6 @@
-"""The node agent's alert rules: Debian's real ``promtool check rules`` and ``promtool test
-rules``, the PrometheusRule equal to the plain rules file, and every metric the rules use
-exposed by the agent."""
+"""The alert rules (node agent and extender): Debian's real ``promtool check rules`` and
+``promtool test rules``, the PrometheusRule equal to the plain rules file, and every metric
+the rules use exposed by the agent or the extender."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from extender.metrics import ExtenderMetrics
+from extender.state import Inventory
 from flexlease.clock import ManualClock
 from flexlease.store.memory import MemoryStore
 from nodeagent.deviceplugin.metrics import DevicePluginMetrics
@@ -36,6 +38,7 @@ ALERT_NAMES = {
     "FlexleaseDevicePluginNotRegistered",
     "FlexleaseGPUAssignmentMismatch",
     "FlexleaseStagingOverflow",
+    "FlexleaseExtenderTLSHandshakeFailures",
 }
 
 
@@ -104,7 +107,7 @@ def test_prometheus_rule_carries_the_same_groups(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-async def test_rules_use_only_metrics_the_agent_exposes(tmp_path: Path) -> None:
+async def test_rules_use_only_metrics_the_agent_or_the_extender_exposes(tmp_path: Path) -> None:
     clock = ManualClock(START)
     ctx, backend = await make_context(make_settings(tmp_path), MemoryStore(), clock, node_config(count=1))
     ctx.board.set_devices(await backend.start(), clock.now())
@@ -114,9 +117,12 @@ async def test_rules_use_only_metrics_the_agent_exposes(tmp_path: Path) -> None:
     ctx.metrics.heartbeat.labels(node=ctx.node).set(clock.now())
     DevicePluginMetrics(ctx.registry, ctx.node)  # registered by the deviceplugin component
     StagingMetrics(ctx.registry, node=ctx.node)  # the hotrestart component's, with staging on
+    extender = CollectorRegistry()
+    ExtenderMetrics(extender, Inventory())
     exposed = {
         s.name
-        for f in text_string_to_metric_families(generate_latest(ctx.registry).decode())
+        for registry in (ctx.registry, extender)
+        for f in text_string_to_metric_families(generate_latest(registry).decode())
         for s in f.samples
     }
     used = {
@@ -127,3 +133,12 @@ async def test_rules_use_only_metrics_the_agent_exposes(tmp_path: Path) -> None:
     }
     assert used, "no flexlease metric in the rules?"
     assert used <= exposed, used - exposed
+
+
+def test_every_extender_alert_links_its_runbook_section() -> None:
+    """The kube-prometheus convention: ``runbook_url`` points at the operations page's
+    section named after the alert (lower case)."""
+    [group] = [g for g in load(RULES)["groups"] if g["name"] == "flexlease-extender"]
+    for rule in group["rules"]:
+        url = "https://flexlease.github.io/flexlease/operations/#" + rule["alert"].lower()
+        assert rule["annotations"]["runbook_url"] == url
