@@ -51,7 +51,7 @@ changed node costs Python work (a check, ≈ 4 µs in a hot micro-benchmark, 3�
 the server, whose caches are cold); over the arrays, each row they lag behind costs about as
 much, plus one pass that grows with the universe (≈ 0.1 ms hot at 1,250 nodes, about 25
 node checks). Past this (62 nodes at 1,250, 250 at 5,000) the pass is no dearer, and its
-cost stops growing with the class's idle time (README, "eighth round": a fixed 64 made the
+cost stops growing with the class's idle time (docs/results/benchmarks.md, round 8: a fixed 64 made the
 pass too frequent at 5,000 nodes)."""
 _UNIVERSE_SLACK: Final = 1024
 """Names the universe may hold beyond twice the snapshot's nodes (nodes that left the
