@@ -26,16 +26,23 @@ ROWS: list[tuple[str, Metric, str]] = [
     ("job HA share, last 7 days (at peak)", lambda p: p["ha_share"]["last_days_mean"], "pct"),
     ("cluster HA share, last 7 days", lambda p: p["ha_share"]["cluster_last_days_mean"], "pct"),
     (
+        "lent GPUs back before the reclaim",
+        lambda p: _ratio(p["reclaim"]["returned_before_reclaim"], _lent(p)),
+        "pct",
+    ),
+    (
         "lent GPUs reclaimed as the same GPU",
-        lambda p: _ratio(p["reclaim"]["reclaimed_same"], _claimed(p)),
+        lambda p: _ratio(p["reclaim"]["reclaimed_same"], _lent(p)),
         "pct",
     ),
     (
         "lent GPUs supplemented from standby",
-        lambda p: _ratio(p["reclaim"]["supplemented"], _claimed(p)),
+        lambda p: _ratio(p["reclaim"]["supplemented"], _lent(p)),
         "pct",
     ),
-    ("lent GPUs missing", lambda p: float(p["reclaim"]["missing"]), "int"),
+    ("lent GPUs unrecoverable", lambda p: _count(p, "unrecoverable"), "int"),
+    ("lent GPUs still lent (Reclaim cancelled)", lambda p: _count(p, "still_lent"), "int"),
+    ("lent GPUs lost", lambda p: _count(p, "lost"), "int"),
     ("job interruption (h)", lambda p: p["job"]["interruption_hours"], "num"),
     ("LP fulfilment 00–06", lambda p: p["lp_fulfilment"]["trough_00_06"], "pct"),
     ("LP fulfilment 06–24", lambda p: p["lp_fulfilment"]["rest_06_24"], "pct"),
@@ -43,9 +50,16 @@ ROWS: list[tuple[str, Metric, str]] = [
 ]
 
 
-def _claimed(p: dict[str, Any]) -> int:
+def _lent(p: dict[str, Any]) -> int:
+    """GPUs lent with a right of return (tagged or in kind) plus those carried in."""
     r = p["reclaim"]
-    return int(r["reclaimed_same"] + r["supplemented"] + r["missing"])
+    return int(r["lent_tagged"] + r.get("lent_in_kind", 0) + r.get("carried_in", 0))
+
+
+def _count(p: dict[str, Any], key: str) -> float | None:
+    """A right-of-return count, or None for a policy that lends nothing."""
+    r = p["reclaim"]
+    return float(r.get(key, 0)) if _lent(p) else None
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -194,10 +194,19 @@ class LeaseAction(enum.StrEnum):
 
 
 class LeasePhase(enum.StrEnum):
+    """``Pending`` (not taken up yet), ``InProgress``, and three final phases: ``Done`` (its end
+    state reached), ``Failed`` (invalid; nothing was done) and ``Cancelled`` (superseded by a
+    newer lease of the opposite action before it was done: ``status.supersededBy``)."""
+
     PENDING = "Pending"
     IN_PROGRESS = "InProgress"
     DONE = "Done"
     FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+FINAL_PHASES = frozenset({LeasePhase.DONE, LeasePhase.FAILED, LeasePhase.CANCELLED})
+"""Phases a lease never leaves: the lease controller does not reconcile it again."""
 
 
 class LeaseDevice(KubeModel):
@@ -207,6 +216,11 @@ class LeaseDevice(KubeModel):
     """GPU type recorded by the lease controller in ``status`` (when lent); ignored in ``spec``."""
     tier: Tier | None = None
     """Effective tier recorded by the lease controller in ``status`` (when lent); ignored in ``spec``."""
+    in_kind: bool | None = None
+    """Recorded in ``status`` (ignored in ``spec``): a GPU of a standby-pool node the owner held
+    (a standby supplement) and lent: it went back to the standby pool untagged, and the owner's
+    right-of-return to it is in kind (this GPU when it is still free at the Reclaim, else a
+    standby GPU of the same model and a tier >= ``tier``)."""
 
     @property
     def key(self) -> DeviceKey:
@@ -247,17 +261,47 @@ class Condition(KubeModel):
 
 
 class Supplement(KubeModel):
-    """A lent GPU that could not be reclaimed and the standby GPU that replaced it."""
+    """A lent GPU that could not be reclaimed and the standby GPU that replaced it.
+    ``returned``: the owner's pods have held the replacement (the original is back in kind)."""
 
     original: LeaseDevice
     replacement: LeaseDevice
+    returned: bool | None = None
+
+
+class Unrecoverable(KubeModel):
+    """A GPU of a Reclaim that can neither come back nor be replaced from the standby pool:
+    ``reason`` is a CamelCase word (``NoStandbyOfModel``, ``StandbyExhausted``,
+    ``LendRecordIncomplete``), ``message`` says it in words. ``model``/``tier``: its lend-time
+    record (None when unknown)."""
+
+    node: str
+    index: int = Field(ge=0)
+    model: str | None = None
+    tier: Tier | None = None
+    reason: str
+    message: str = ""
+
+    @property
+    def key(self) -> DeviceKey:
+        return DeviceKey(self.node, self.index)
 
 
 class GPULeaseStatus(KubeModel):
+    """What the lease controller did. Lend: ``lent`` (each GPU with its lend-time model and
+    tier). Reclaim: ``lent`` (its targets), ``reclaimed`` (targets back with the owner),
+    ``supplementedFromStandby`` (target → standby replacement), ``unrecoverable`` (targets
+    neither back nor replaceable, with the reason), ``stillLent`` (a Cancelled Reclaim: the
+    targets, or their chosen replacements, that stay lent to the platform), ``preemptedPods``.
+    ``supersededBy``: the newer lease of the opposite action that finished or cancelled this one."""
+
     phase: LeasePhase = LeasePhase.PENDING
     lent: list[LeaseDevice] = Field(default_factory=list)
     reclaimed: list[LeaseDevice] = Field(default_factory=list)
     supplemented_from_standby: list[Supplement] = Field(default_factory=list)
+    unrecoverable: list[Unrecoverable] = Field(default_factory=list)
+    still_lent: list[LeaseDevice] = Field(default_factory=list)
+    superseded_by: str | None = None
     preempted_pods: list[str] = Field(default_factory=list)
     message: str = ""
     conditions: list[Condition] = Field(default_factory=list)

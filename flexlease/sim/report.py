@@ -158,18 +158,30 @@ def table(report: dict[str, Any]) -> str:
         ("cluster HA share, last 7 days", lambda p: _pct(p["ha_share"]["cluster_last_days_mean"])),
         ("initial GPUs kept, last 7 days", lambda p: _pct(p["ha_share"].get("static_last_days_mean"))),
         (
-            "scale-up cycles (complete / all)",
-            lambda p: f"{p['reclaim']['complete_cycles']} / {p['reclaim']['cycles']}",
+            "scale-up cycles (complete / closed / all)",
+            lambda p: " / ".join(
+                str(p["reclaim"][k]) for k in ("complete_cycles", "closed_cycles", "cycles")
+            ),
         ),
         (
-            "lent GPUs tagged / untagged (LA)",
-            lambda p: f"{p['reclaim']['lent_tagged']} / {p['reclaim']['lent_untagged']}",
+            "lent GPUs tagged / in kind (standby) / untagged (LA); carried in",
+            lambda p: (
+                f"{p['reclaim']['lent_tagged']} / {p['reclaim']['lent_in_kind']}"
+                f" / {p['reclaim']['lent_untagged']}; {p['reclaim']['carried_in']}"
+            ),
         ),
         (
-            "lent GPUs back before the reclaim / reclaimed same GPU / supplemented / missing",
+            "lent GPUs back before the reclaim / same GPU / supplemented / unrecoverable / still lent / lost",
             lambda p: " / ".join(
                 str(p["reclaim"].get(k, 0))
-                for k in ("returned_before_reclaim", "reclaimed_same", "supplemented", "missing")
+                for k in (
+                    "returned_before_reclaim",
+                    "reclaimed_same",
+                    "supplemented",
+                    "unrecoverable",
+                    "still_lent",
+                    "lost",
+                )
             ),
         ),
         (

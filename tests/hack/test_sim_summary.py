@@ -30,6 +30,9 @@ def test_table_gives_mean_and_range_per_policy(tmp_path: Path, capsys: pytest.Ca
     assert "| | right-of-return | plain leasing |" in out
     assert "| job HA share at start | 81.2 % (75.0–87.5) | 50.0 % (50.0–50.0) |" in out
     assert "over seeds 1, 2" in out
+    # right-of-return's accounting per lent GPU; plain leasing lends nothing
+    assert "| lent GPUs reclaimed as the same GPU | 84.6 % (84.6–84.6) | 84.6 % (84.6–84.6) |" in out
+    assert "| lent GPUs lost | 0 | 0 |" in out
 
 
 def test_a_failed_run_is_not_evidence() -> None:

@@ -43,7 +43,7 @@ def _sound(section: dict[str, Any]) -> None:
     assert sched["bound_low"] > 0
     cycles = [c for c in section["cycles"] if c["up_at"] is not None]
     assert cycles, "the tide should have scaled the job down and up"
-    assert all(c["restored_at"] is not None and c["accounted"] for c in cycles)
+    assert all(c["restored_at"] is not None for c in cycles)
     assert section["ha_share"]["start"] is not None
 
 
@@ -62,8 +62,9 @@ async def test_both_policies_run_against_the_real_extender(tmp_path: Path) -> No
     for c in cycles:
         assert c["lend_phase"] == "Done" and c["reclaim_phase"] == "Done", c
         assert c["reclaim_s"] >= 30  # the grace period passed on the virtual clock
-        assert c["missing"] == 0 and c["complete"], c
-        assert c["reclaimed_same"] + c["supplemented"] == c["lent_tagged"]
+        assert c["closed"] and c["lost"] == 0 and c["complete"], c
+        back = c["returned_before_reclaim"] + c["reclaimed_same"] + c["supplemented"]
+        assert back == c["lent"] + c["carried_in"], c
         assert c["supplement_events"] is not None and c["supplement_events"] >= c["supplements_listed"]
     state = json.loads((tmp_path / "out" / "ror" / "state.json").read_text())
     assert {lease["metadata"]["name"] for lease in state["GPULease"]} >= {"lend-0001", "reclaim-0001"}
