@@ -150,6 +150,15 @@ class LeaseSettings(_Group):
     retry_max_seconds: float = Field(default=60.0, gt=0)
     eviction_retry_seconds: float = Field(default=5.0, gt=0)
     """Wait before retrying an eviction a PodDisruptionBudget refused, when no Retry-After is given."""
+    standby_wait_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long a Reclaim waits for a standby GPU to replace a lent GPU that failed,"
+        " vanished, fell below its lend-time tier or is held by a pod that is never evicted, counted"
+        " from when the Reclaim was accepted. Past it, that GPU is listed in status.unrecoverable"
+        " (reason NoStandbyOfModel when the standby pool holds no healthy GPU of its model and"
+        " tier, StandbyExhausted when it does but none was free) and the Reclaim can end Done.",
+    )
     reconfigure_max_age_seconds: float = Field(default=600.0, gt=0)
     """The in-place rollout controller (``extender.rollout``) reconfigures a job after a lend or
     reclaim only for completions it observes: never for a ``Done`` GPULease that completed

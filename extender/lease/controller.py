@@ -221,7 +221,8 @@ class LeaseController:
         if type is WatchType.DELETED:
             self._blocked.pop(key, None)
         self._queue.add(key)
-        self._queue.add(CLUSTER_KEY)  # gauges count outstanding reclaims
+        # the owner's other open leases may now be superseded, or stop waiting for this one
+        self._enqueue_world()  # (and the gauges count outstanding reclaims)
 
     def _world_changed(self, type: WatchType, obj: JsonObj) -> None:
         self._enqueue_world()
@@ -261,10 +262,7 @@ class LeaseController:
             open_keys: list[str] = []
             for obj in self._leases.values():
                 status = obj.get("status") or {}
-                if not isinstance(status, dict) or status.get("phase") not in (
-                    LeasePhase.DONE,
-                    LeasePhase.FAILED,
-                ):
+                if not isinstance(status, dict) or status.get("phase") not in FINISHED:
                     meta = _meta(obj)
                     open_keys.append(lease_key(str(meta.get("namespace") or ""), str(meta.get("name") or "")))
             self._open_leases = (generation, open_keys)
@@ -410,6 +408,7 @@ class LeaseController:
             now=now,
             blocked=self._blocked.get(key),
             right_of_return=self._right_of_return,
+            standby_wait=self._settings.standby_wait_seconds,
         )
         ref = ObjectRef.lease(namespace, name, lease.metadata.uid)
 
@@ -450,6 +449,22 @@ class LeaseController:
         added = len(plan.status.supplemented_from_standby) - len(lease.status.supplemented_from_standby)
         if added > 0:
             self.metrics.supplements.inc(added)
+        known = {u.key for u in lease.status.unrecoverable}
+        for entry in plan.status.unrecoverable:
+            if entry.key not in known:
+                self.metrics.unrecoverable.labels(reason=entry.reason).inc()
+                log.warning(
+                    "lent GPU unrecoverable",
+                    extra=ctx(
+                        lease=f"{namespace}/{name}",
+                        gpu=str(entry.key),
+                        reason=entry.reason,
+                        detail=entry.message,
+                    ),
+                )
+        if plan.status.superseded_by is not None and lease.status.superseded_by is None:
+            phase = plan.status.phase.value
+            self.metrics.superseded.labels(action=lease.spec.action.value, phase=phase).inc()
         if (
             lease.spec.action is LeaseAction.RECLAIM
             and plan.status.phase is LeasePhase.DONE
