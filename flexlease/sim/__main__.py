@@ -81,6 +81,13 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
         help="multiply the GPU failure rates of the Fig. 5 model (default 1)",
     )
     p.add_argument(
+        "--standby-wait",
+        type=float,
+        default=600.0,
+        help="s a Reclaim waits for a standby replacement before it lists a lent GPU unrecoverable"
+        " (the lease controller's lease.standby_wait_seconds; default 600)",
+    )
+    p.add_argument(
         "--gpu-models",
         default=None,
         help='GPU models and their shares of the nodes, e.g. "NVIDIA H20:0.7,NVIDIA H100 80GB HBM3:0.3"'
@@ -116,6 +123,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
             shape_tide=not args.no_tide_shape,
             tide_kind=args.tide,
             failure_scale=args.failure_scale,
+            standby_wait=args.standby_wait,
             lp_load=args.lp_load,
             lp_patience=args.lp_patience,
             tier_refresh=args.tier_refresh_hours * 3600.0,

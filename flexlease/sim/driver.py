@@ -959,7 +959,9 @@ class Simulation:
             chosen.append(pod)
             count += pod.gpus
         devices = [d for p in chosen for d in p.devices]
-        self.job_target = self.s.job_gpus - sum(p.gpus for p in chosen)
+        # what the job keeps: what it holds less what it releases (not its peak less that: a
+        # GPU still owed to it by an open Reclaim is not one it holds, and it stays owed)
+        self.job_target = sum(p.gpus for p in bound) - sum(p.gpus for p in chosen)
         for pod in self._job_pods():  # pending scale-up leftovers are dropped too
             if pod.node is None:
                 await self._delete_pod(pod)
@@ -1037,9 +1039,12 @@ class Simulation:
         self.reclaim_name = None
         self.reclaim_started = None
         if self.policy is Policy.ROR:
+            self.observe()
             lent = ((self.lend_lease or {}).get("status") or {}).get("lent") or []
-            if lent:
-                await self._reclaim(cycle, len(lent), t)
+            if lent or self.audit.open_loans(JOB_OWNER):
+                # §4.4: "during each scale-up, all loaned GPUs were reclaimed" (a count above
+                # what is out on loan takes everything, carried-over loans included)
+                await self._reclaim(cycle, self.s.job_gpus, t)
         await self._fill_job(t)
         await self.settle()
         await self._schedule_round(t)
@@ -1144,21 +1149,22 @@ class Simulation:
             return None
 
     async def _owner_tags(self) -> dict[str, list[int]]:
-        """Devices tagged for the job that its pods do not hold, by node."""
-        out: dict[str, list[int]] = {}
+        """GPUs tagged for the job that are free and healthy, by node: what its reclaim pods can
+        take now (a tagged GPU an LP pod still holds waits for the eviction, a failed one for
+        the Reclaim's standby replacement; a pod sized to those would take other GPUs)."""
         await self.caught_up()
-        for obj in self._gpunodes.items():
-            node = obj["metadata"]["name"]
-            for idx, dev in ((obj.get("spec") or {}).get("devices") or {}).items():
-                key = DeviceKey(node, int(idx))
-                holder = self.pods.get(self.held.get(key, ""))
-                if (dev or {}).get("owner") == JOB_OWNER and not (holder and holder.high):
-                    out.setdefault(node, []).append(int(idx))
+        out: dict[str, list[int]] = {}
+        for key, owner in sorted(self._tags.items()):
+            if owner != JOB_OWNER or self.held.get(key, "") in self.pods:
+                continue
+            state = self.gpus.get(key)
+            if state is not None and state.healthy:
+                out.setdefault(key.node, []).append(key.index)
         return out
 
     async def _pin_reclaim_pods(self, t: float) -> None:
-        """Keep one pending reclaim pod per node, pinned there, sized to the job's unheld tags,
-        never beyond the job's size (``job_target``)."""
+        """Keep one pending reclaim pod per node, pinned there, sized to the job's free tagged
+        GPUs there, never beyond the job's size (``job_target``)."""
         wanted = {n: len(ix) for n, ix in (await self._owner_tags()).items()}
         for pod in [p for p in self._job_pods() if p.node is None and p.reclaim]:
             if pod.pinned is None or wanted.get(pod.pinned) != pod.gpus:
@@ -1173,14 +1179,45 @@ class Simulation:
                 await self._create_job_pod(size, t, pinned=node, reclaim=True)
                 room -= size
 
+    def _reclaim_reserved(self) -> int:
+        """GPUs the open Reclaim still brings back to the job that no pod of the job holds or
+        waits for pinned: its targets (or their replacements) not back and not unrecoverable
+        (while it is Pending: the job's open loans). The job's controller leaves room for them
+        instead of filling it with GPUs from anywhere."""
+        if self.reclaim_name is None:
+            return 0
+        lease = self._lease_objs.get(f"{JOB_NAMESPACE}/{self.reclaim_name}")
+        if lease is None or lease.status.phase in FINAL_PHASES:
+            return 0
+        status = lease.status
+        if status.phase is LeasePhase.PENDING:
+            due = len(self.audit.open_loans(JOB_OWNER))
+        else:
+            held = set(self._job_devices())
+            back = {d.key for d in status.reclaimed} | {u.key for u in status.unrecoverable}
+            current = {
+                s.original.key: (s.replacement.key, bool(s.returned))
+                for s in status.supplemented_from_standby
+            }
+            due = 0
+            for target in status.lent:
+                device, returned = current.get(target.key, (target.key, False))
+                if target.key not in back and not returned and device not in held:
+                    due += 1
+        pinned = sum(p.gpus for p in self._job_pods() if p.node is None and p.reclaim)
+        return max(0, due - pinned)
+
     async def _fill_job(self, t: float) -> None:
         """The job's controller: create pods for the rest of its current size
-        (``job_target``): at full size with right-of-return, pinned reclaim pods for GPUs
-        still tagged for it, then unpinned pods of whole nodes for the remainder."""
+        (``job_target``): at full size with right-of-return, pinned reclaim pods for the free
+        GPUs tagged for it, room for what the open Reclaim still brings back, then unpinned
+        pods of whole nodes for the remainder."""
+        reserved = 0
         if self.policy is Policy.ROR and self.size is tide.Scale.FULL:
             await self._pin_reclaim_pods(t)
+            reserved = self._reclaim_reserved()
         have = sum(p.gpus for p in self._job_pods())
-        missing = self.job_target - have
+        missing = self.job_target - have - reserved
         if missing > 0:
             for size in traces.split_pods(missing, self.s.gpus_per_node):
                 await self._create_job_pod(size, t, pinned=None, reclaim=False)

@@ -59,7 +59,9 @@ class Scenario:
     * tiers: ``tier_window`` and ``tier_refresh`` (the node agents' settings; both 14 days
       by default, as in the paper);
     * lease controller: ``grace_period_seconds`` on every GPULease, ``lend_timeout`` (how
-      long a Lend may take before it is reported), ``lease_enabled`` (False runs the
+      long a Lend may take before it is reported), ``standby_wait`` (the controller's
+      ``lease.standby_wait_seconds``: how long a Reclaim waits for a standby replacement before
+      it lists the GPU unrecoverable), ``lease_enabled`` (False runs the
       extender without its controller, to show that it is noticed), ``standby_refill``
       (the controller keeps the standby pool at its initial size, ``standby_nodes`` ×
       ``gpus_per_node`` GPUs, moving whole free nodes into it; False leaves it as set up).
@@ -92,6 +94,7 @@ class Scenario:
     tier_refresh: float = 14 * DAY
     grace_period_seconds: int = 30
     lend_timeout: float = 300.0
+    standby_wait: float = 600.0
     lease_enabled: bool = True
     standby_refill: bool = True
     gpu_models: tuple[tuple[str, float], ...] = (("NVIDIA H20", 1.0),)
@@ -111,6 +114,8 @@ class Scenario:
             raise ValueError("gpu_models names a model twice")
         if self.tide_kind not in TIDE_KINDS:
             raise ValueError(f"tide must be one of {', '.join(TIDE_KINDS)}, not {self.tide_kind!r}")
+        if self.standby_wait <= 0:
+            raise ValueError("standby_wait must be positive")
         if not 0 < self.failure_scale <= 100:
             raise ValueError("failure_scale must be within (0, 100]")
         if self.lp_load <= 0 or self.lp_patience < 0:
