@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from flexlease.sim.metrics import OUTCOMES
+
 LABELS = {"ror": "right-of-return", "plain": "plain leasing", "static": "no scaling"}
 
 Metric = Callable[[dict[str, Any]], float | None]
@@ -141,7 +143,7 @@ def accounting(reports: Sequence[dict[str, Any]], policy: str = "ror") -> str:
         if section is None:
             continue
         closed = [c for c in section.get("cycles", []) if c.get("closed")]
-        total = {k: sum(int(c.get(k, 0)) for c in closed) for k in _OUTCOMES}
+        total = {k: sum(int(c.get(k, 0)) for c in closed) for k in OUTCOMES}
         reasons: dict[str, int] = {}
         for c in closed:
             for reason, n in (c.get("unrecoverable_reasons") or {}).items():
@@ -170,16 +172,6 @@ def accounting(reports: Sequence[dict[str, Any]], policy: str = "ror") -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-_OUTCOMES: Final = (
-    "returned_before_reclaim",
-    "reclaimed_same",
-    "supplemented",
-    "unrecoverable",
-    "still_lent",
-    "lost",
-)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

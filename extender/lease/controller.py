@@ -15,9 +15,18 @@ informers for GPULease, GPUNode, Pod) only enqueue keys; one worker takes keys f
   and ``flexlease_lease_evictions_refused_total``.
 
   Event reasons: on the lease ``LendStarted``, ``LendDone``, ``ReclaimStarted``,
-  ``ReclaimDone``, ``LendFailed``/``ReclaimFailed``, ``Supplemented``, ``StandbyShortfall``,
-  ``EvictionBlocked``, ``InvalidSpec``; on pods ``PreemptNotice``, ``EvictionBlocked``,
-  ``Preempted``; on GPUNodes ``StandbyPool``.
+  ``ReclaimDone``, ``LendFailed``/``ReclaimFailed``, ``LendCancelled``/``ReclaimCancelled``
+  (superseded by a newer lease of the owner), ``Supplemented``, ``StandbyShortfall``,
+  ``Unrecoverable``, ``EvictionBlocked``, ``InvalidSpec``; on pods ``PreemptNotice``,
+  ``EvictionBlocked``, ``Preempted``; on GPUNodes ``StandbyPool``. A lease change also
+  enqueues the other open leases (one may now be superseded, or stop waiting).
+
+  The interface for writers of GPULeases (operators, the lease autopilot): create a Lend
+  (``devices`` released, or ``count`` before the pods go) and a Reclaim (``count`` or
+  ``devices``); never edit one; read ``status.phase`` (final: Done, Failed, Cancelled) and the
+  per-device lists. An owner's leases are ordered by ``creationTimestamp`` then name (name
+  them so that, within one second, the newer sorts last), and the newest wins (see
+  :mod:`extender.lease.planner`, "Overlap").
 * ``cluster``: release the tags of GPUs their owner's pods hold again, give critical
   ReplicaSet pods the highest ``controller.kubernetes.io/pod-deletion-cost``
   (:mod:`extender.lease.deletion_cost`), keep the standby pool at ``standby_pool_size``

@@ -18,15 +18,20 @@ other pods hold) is refused — Failed, condition reason ``CriticalRole``, a ``L
 Warning Event — instead of waiting for a coordinator to go. In both forms ``count`` counts
 released GPUs, LA included: an HA or MA GPU is tagged ``spec.devices["<i>"].owner = <owner>``
 with ``leasedAt`` and recorded with its model and tier in ``status.lent``; an LA GPU goes back
-untagged. A GPU the owner's pods still hold is waited for. Done when every GPU is released.
+untagged. An HA or MA GPU of a standby-pool node (a standby supplement the owner held) goes
+back to the standby pool untagged and is recorded ``inKind``: the owner's right-of-return to
+it is in kind (this GPU when it is still free at the Reclaim, else a standby GPU of the same
+model and a tier >= its lend-time tier). A GPU the owner's pods still hold is waited for.
+Done when every GPU is released.
 
 **Reclaim** (the owner scales up). The targets are fixed on the first reconcile and recorded
 in ``status.lent``: ``spec.devices`` (each must be lent by the owner), or ``count`` of the
-owner's outstanding lent GPUs (tagged ones, plus ledger records of GPUs whose GPUNode is gone),
-cheapest first (already held by the owner, free, held by LP pods, then the rest); a count larger
-than what is outstanding takes everything. Per target, every reconcile:
+owner's outstanding loans (:func:`_outstanding`: lent GPUs still tagged for it, lent in kind
+and not held by it, or on a vanished GPUNode), cheapest first (already held by the owner,
+free, held by LP pods, then the rest); a count larger than what is outstanding takes
+everything. Per target, every reconcile:
 
-* held by a pod of the owner → reclaimed (``status.reclaimed``; the tag is released);
+* held by a pod of the owner → back (``status.reclaimed``; the tag is released);
 * held by an LP pod (priority label not ``high``) → graceful reclaim: ``preempt-deadline`` =
   now + ``gracePeriodSeconds`` on the pod and an Event; once past the deadline, evict;
 * failed (Unhealthy/Unknown), vanished (device or GPUNode gone), downgraded below its
@@ -35,12 +40,28 @@ than what is outstanding takes everything. Per target, every reconcile:
   (a coordinator, Ray head or rank 0 is never evicted: WeFlex §3.4) → replaced one-for-one
   by a free, untagged, healthy standby GPU of the same model and a tier >= the original's
   lend-time tier (lowest adequate tier first), tagged with the owner and recorded in
-  ``status.supplementedFromStandby``; no such GPU → wait (condition ``GPUsFreed`` reason
-  ``StandbyShortfall``);
+  ``status.supplementedFromStandby`` (``returned`` once the owner's pods hold it); no such GPU
+  → wait (condition ``GPUsFreed`` reason ``StandbyShortfall``) until ``standby_wait`` seconds
+  after the Reclaim was accepted, then **unrecoverable** (``status.unrecoverable``: reason
+  ``NoStandbyOfModel`` when the pool holds no healthy GPU of that model and tier,
+  ``StandbyExhausted`` when none of them was free; ``LendRecordIncomplete`` at once when the
+  lend-time model or tier is unknown), its tag released, a Warning Event;
 * free and healthy → keep it tagged and wait for the owner's pods.
 
-Done when the owner's pods hold every target or its replacement; Failed when the rest can
-never be resolved (a replacement is needed but the original's model or tier is unknown).
+**End state** (DESIGN §2): Done when every target is back (the owner's pods held it or its
+replacement) or unrecoverable — exactly that, per device; until then InProgress, with
+condition ``Returned`` False and the reason it waits for (``WaitingForOwner``,
+``GracePeriod``, ``Evicting``, ``EvictionBlocked``, ``StandbyShortfall``). Failed only for an
+invalid spec.
+
+**Overlap** (:class:`~extender.lease.ledger.Ledger`): the newest directive of an owner wins.
+A Lend superseded by a newer Reclaim lends what is released now and ends Done (everything it
+asked for was lent) or Cancelled; a Pending Reclaim waits (``Accepted`` False,
+``WaitingForLend``) for older unfinished Lends and for older Reclaims a Lend supersedes, so that
+no lent GPU escapes it; an InProgress Reclaim superseded by a newer Lend ends Done (everything
+back) or Cancelled, handing what is not back over in ``status.stillLent`` (the target, or the
+replacement already chosen for it; standby ones back to the pool, in kind), where the next
+Reclaim finds it. Both carry ``status.supersededBy`` and condition ``Superseded``.
 """
 
 from __future__ import annotations
@@ -608,8 +629,11 @@ class _Progress:
     def wake_in(self, seconds: float) -> None:
         self.wake = seconds if self.wake is None else min(self.wake, seconds)
 
-    def give_up(self, target: LeaseDevice, reason: str, message: str) -> None:
-        """``target`` is unrecoverable (listed in the status and told in an Event)."""
+    def give_up(self, target: LeaseDevice, reason: str, message: str, *, untag: DeviceKey | None) -> None:
+        """``target`` is unrecoverable (listed in the status and told in an Event); ``untag``:
+        the GPU (it, or its failed replacement) whose tag for the owner is released."""
+        if untag is not None:
+            self.tag(TagChange(untag, None, leased_at=None))
         entry = Unrecoverable(
             node=target.node,
             index=target.index,
@@ -691,14 +715,11 @@ def _reclaim_target(
             if critical
             else f"downgraded to {gpu.tier.value if gpu.tier else '?'}"
         )
+        untag = gpu is not None and gpu.owner == owner  # released when given up or replaced
         if target.model is None or target.tier is None:
-            p.give_up(
-                target,
-                UNRECOVERABLE_INCOMPLETE,
-                f"{current} {why}; its lend-time model or tier is unknown, so no replacement can be chosen",
-            )
-            if gpu is not None and gpu.owner == owner:
-                p.tag(TagChange(current, None, leased_at=None))
+            reason = UNRECOVERABLE_INCOMPLETE
+            detail = "its lend-time model or tier is unknown, so no replacement can be chosen"
+            p.give_up(target, reason, f"{current} {why}; {detail}", untag=current if untag else None)
             return
         replacement = _pick_replacement(view, target, owner=owner, used=used)
         if replacement is None:
@@ -714,13 +735,8 @@ def _reclaim_target(
                 if pool
                 else "the standby pool holds no healthy GPU of that model and tier"
             )
-            p.give_up(
-                target,
-                reason,
-                f"{current} {why}; no standby GPU ({wanted}) within {standby_wait:g} s: {detail}",
-            )
-            if gpu is not None and gpu.owner == owner:
-                p.tag(TagChange(current, None, leased_at=None))
+            message = f"{current} {why}; no standby GPU ({wanted}) within {standby_wait:g} s: {detail}"
+            p.give_up(target, reason, message, untag=current if untag else None)
             return
         used.add(replacement.key)
         p.supplements[target.key] = Supplement(original=_bare(target.key), replacement=_record(replacement))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from flexlease.sim.traces import DAY
 
@@ -47,6 +47,18 @@ class LpRequest:
     arrival: float
     gpus: int
     bound: float | None
+
+
+OUTCOMES: Final = (
+    "returned_before_reclaim",
+    "reclaimed_same",
+    "supplemented",
+    "unrecoverable",
+    "still_lent",
+    "lost",
+)
+"""The :class:`Cycle` fields that count how lent GPUs ended, in the report's order: each lent
+(or carried-in) GPU is counted in exactly one of them."""
 
 
 @dataclass(slots=True)
@@ -119,16 +131,10 @@ class Cycle:
         )
 
     def balance(self) -> int:
-        """``lent + carried in + earlier loans - (returned before the reclaim + back +
-        replaced + unrecoverable + still lent + lost)``: 0 when every GPU is counted once."""
-        ended = (
-            self.returned_before_reclaim
-            + self.reclaimed_same
-            + self.supplemented
-            + self.unrecoverable
-            + self.still_lent
-            + self.lost
-        )
+        """``lent + carried in + earlier loans`` less the :data:`OUTCOMES` (returned before
+        the reclaim, back, replaced, unrecoverable, still lent, lost): 0 when every GPU is
+        counted once."""
+        ended = sum(int(getattr(self, name)) for name in OUTCOMES)
         return self.lent + self.carried_in + self.earlier_loans - ended
 
     def as_dict(self) -> dict[str, Any]:

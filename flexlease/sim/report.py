@@ -16,6 +16,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from flexlease.sim.metrics import OUTCOMES
 from flexlease.sim.traces import DAY
 
 COLORS = {"ror": "tab:green", "plain": "tab:red", "static": "tab:blue"}
@@ -172,17 +173,7 @@ def table(report: dict[str, Any]) -> str:
         ),
         (
             "lent GPUs back before the reclaim / same GPU / supplemented / unrecoverable / still lent / lost",
-            lambda p: " / ".join(
-                str(p["reclaim"].get(k, 0))
-                for k in (
-                    "returned_before_reclaim",
-                    "reclaimed_same",
-                    "supplemented",
-                    "unrecoverable",
-                    "still_lent",
-                    "lost",
-                )
-            ),
+            lambda p: " / ".join(str(p["reclaim"].get(k, 0)) for k in OUTCOMES),
         ),
         (
             "released GPUs the job got back",

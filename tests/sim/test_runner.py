@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flexlease.sim import runner
+from flexlease.sim.metrics import OUTCOMES
 from flexlease.sim.scenario import Policy, Scenario
 
 DAY = 86400.0
@@ -143,16 +144,7 @@ async def test_stress_tides_keep_right_of_return_at_the_edges(tmp_path: Path) ->
         assert "error" not in section and section["invariants"]["total"] == 0, section["invariants"]
         for c in section["cycles"]:
             if c["closed"]:
-                ended = sum(
-                    c[k]
-                    for k in (
-                        "returned_before_reclaim",
-                        "reclaimed_same",
-                        "supplemented",
-                        "unrecoverable",
-                        "still_lent",
-                    )
-                )
+                ended = sum(c[k] for k in OUTCOMES)
                 assert c["lost"] == 0 and ended == c["lent"] + c["carried_in"] + c["earlier_loans"], c
         for key, value in section["reclaim"].items():
             if isinstance(value, int):

@@ -435,19 +435,18 @@ def scenarios(draw: st.DrawFn) -> tuple[list[str], list[str], list[str]]:
     return states, tiers, models
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(), st.booleans())
-def test_every_lent_gpu_ends_reclaimed_or_supplemented_by_type_and_tier(
-    scenario: tuple[list[str], list[str], list[str]], with_pdb_delay: bool
-) -> None:
-    states, tiers, models = scenario
+def lent_states(
+    states: list[str], tiers: list[str], models: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[DeviceKey, LeaseDevice]]:
+    """One node ``n<i>`` per lent GPU ``n<i>/0``, tagged for the owner, in ``states[i]``
+    (free, failed, vanished, or held by an LP, another owner's HP, or the owner's pod): the
+    GPUNodes, the pods, and the lend-time records."""
     nodes: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
     records: dict[DeviceKey, LeaseDevice] = {}
     for i, (state, tier, model) in enumerate(zip(states, tiers, models, strict=True)):
         name = f"n{i}"
-        key = DeviceKey(name, 0)
-        records[key] = LeaseDevice(node=name, index=0, model=model, tier=Tier(tier))
+        records[DeviceKey(name, 0)] = LeaseDevice(node=name, index=0, model=model, tier=Tier(tier))
         if state == "vanished":
             continue
         health = {0: "Unhealthy"} if state == "failed" else {}
@@ -459,6 +458,16 @@ def test_every_lent_gpu_ends_reclaimed_or_supplemented_by_type_and_tier(
             pods.append(pod(f"hp{i}", name, [0], namespace="team", priority="high", owner="team/x"))
         elif state == "owner":
             pods.append(pod(f"own{i}", name, [0], namespace="online", priority="high", owner=OWNER))
+    return nodes, pods, records
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.booleans())
+def test_every_lent_gpu_ends_reclaimed_or_supplemented_by_type_and_tier(
+    scenario: tuple[list[str], list[str], list[str]], with_pdb_delay: bool
+) -> None:
+    states, tiers, models = scenario
+    nodes, pods, records = lent_states(states, tiers, models)
     # a standby pool big enough for every GPU: per model, one node of each tier
     for model in (H20, A100):
         for tier in ("MA", "HA"):
@@ -795,31 +804,7 @@ def test_every_lent_gpu_ends_back_replaced_or_unrecoverable_with_whatever_standb
     its model and tier >= (one-for-one) or unrecoverable, and NoStandbyOfModel exactly for
     the GPUs needing a replacement whose model the pool lacks."""
     states, tiers, models = scenario
-    nodes: list[dict[str, Any]] = []
-    pods: list[dict[str, Any]] = []
-    records: dict[DeviceKey, LeaseDevice] = {}
-    for i, (state, tier, model) in enumerate(zip(states, tiers, models, strict=True)):
-        key = DeviceKey(f"n{i}", 0)
-        records[key] = LeaseDevice(node=key.node, index=0, model=model, tier=Tier(tier))
-        if state == "vanished":
-            continue
-        health = {0: "Unhealthy"} if state == "failed" else {}
-        nodes.append(
-            gpunode(
-                key.node,
-                ["LA" if state == "failed" else tier],
-                count=1,
-                model=model,
-                tags={0: OWNER},
-                health=health,
-            )
-        )
-        if state == "lp":
-            pods.append(pod(f"lp{i}", key.node, [0]))
-        elif state == "hp":
-            pods.append(pod(f"hp{i}", key.node, [0], namespace="team", priority="high", owner="team/x"))
-        elif state == "owner":
-            pods.append(pod(f"own{i}", key.node, [0], namespace="online", priority="high", owner=OWNER))
+    nodes, pods, records = lent_states(states, tiers, models)
     for model in pool_models:
         nodes.append(gpunode(f"s-{model[-4:]}", "HA", count=len(states), model=model, pool="standby"))
     world = World(nodes, pods, lease("r", "Reclaim", count=len(states)))
