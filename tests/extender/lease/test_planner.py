@@ -77,6 +77,15 @@ class World:
         self.apply(plan)
         return plan
 
+    def bind_tagged_free(self) -> None:
+        """The owner's reclaim pods bind to whatever is free, healthy and tagged for it."""
+        for gpu in self.view().gpus.values():
+            if gpu.owner == OWNER and gpu.free and not gpu.failed:
+                name = f"rec-{gpu.key.node}-{gpu.key.index}"
+                self.pods[name] = pod(
+                    name, gpu.key.node, [gpu.key.index], namespace="online", priority="high", owner=OWNER
+                )
+
     def tag(self, node: str, index: int) -> str | None:
         spec = self.nodes[node]["spec"].get("devices", {}).get(str(index)) or {}
         owner = spec.get("owner")
@@ -487,13 +496,7 @@ def test_every_lent_gpu_ends_reclaimed_or_supplemented_by_type_and_tier(
         world.apply(plan)
         if plan.status.phase is not LeasePhase.IN_PROGRESS:
             break
-        # the owner's reclaim pods bind to whatever is free and tagged for it
-        for gpu in world.view().gpus.values():
-            if gpu.owner == OWNER and gpu.free and not gpu.failed:
-                pods_name = f"rec-{gpu.key.node}-{gpu.key.index}"
-                world.pods[pods_name] = pod(
-                    pods_name, gpu.key.node, [gpu.key.index], namespace="online", priority="high", owner=OWNER
-                )
+        world.bind_tagged_free()
         world.now += timedelta(seconds=50)
 
     status = world.parsed().status
@@ -816,12 +819,7 @@ def test_every_lent_gpu_ends_back_replaced_or_unrecoverable_with_whatever_standb
         world.apply(plan)
         if plan.status.phase is not LeasePhase.IN_PROGRESS:
             break
-        for gpu in world.view().gpus.values():
-            if gpu.owner == OWNER and gpu.free and not gpu.failed:
-                name = f"rec-{gpu.key.node}-{gpu.key.index}"
-                world.pods[name] = pod(
-                    name, gpu.key.node, [gpu.key.index], namespace="online", priority="high", owner=OWNER
-                )
+        world.bind_tagged_free()
         world.now += timedelta(seconds=100)
     status = world.parsed().status
     assert status.phase is LeasePhase.DONE
