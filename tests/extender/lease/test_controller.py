@@ -154,6 +154,12 @@ async def bind_owner(store: Store, name: str, node: str, indices: list[int]) -> 
     await add_pod(store, pod(name, node, indices, namespace="online", priority="high", owner=OWNER))
 
 
+def returned(status: dict[str, Any]) -> tuple[str, str]:
+    """A Reclaim's condition ``Returned``: (status, reason)."""
+    cond = next(c for c in status.get("conditions", []) if c["type"] == "Returned")
+    return cond["status"], cond["reason"]
+
+
 # --------------------------------------------------------------------------- scenarios
 
 
@@ -161,9 +167,11 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
     store: MemoryStore, clock: ManualClock
 ) -> None:
     await add_node(store, gpunode("n1", ["HA", "HA", "HA", "MA", "LA", "HA", "HA", "HA"]))
+    audit = Audit()
     async with running(store, clock) as (controller, registry):
         await add_lease(store, lease("lend", "Lend", devices=[("n1", i) for i in range(5)]))
         await eventually(phase_is(store, "lend", "Done"))
+        assert await audit_store(audit, store) == []
         assert await tags(store, "n1") == {0: OWNER, 1: OWNER, 2: OWNER, 3: OWNER}  # LA n1/4 untagged
         status = (await get_lease(store, "lend"))["status"]
         assert [(d["index"], d["tier"]) for d in status["lent"]] == [
@@ -203,7 +211,9 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
         assert all(e["type"] == "Warning" and e["count"] == 1 and e["source"]["component"] for e in notices)
         status = (await get_lease(store, "reclaim"))["status"]
         assert status["phase"] == "InProgress" and status["preemptedPods"] == ["lp/lp-a", "lp/lp-b"]
+        assert returned(status) == ("False", "GracePeriod")
         assert sample(registry, "flexlease_lease_outstanding_reclaims") == 1
+        assert await audit_store(audit, store) == []
 
         await clock.advance(44)
         await eventually(lambda: _true(controller.idle))
@@ -229,12 +239,20 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
         await eventually(lambda: _pods_are(store, {"lp-c"}))
         await eventually(freed)
         assert await tags(store, "n1") == {i: OWNER for i in range(4)}  # still reserved for the owner
-
+        # every target free, none held by the owner yet: not Done, and it says what it waits for
         await clock.advance(20)
+        await eventually(lambda: _true(controller.idle))
+        status = (await get_lease(store, "reclaim"))["status"]
+        assert status["phase"] == "InProgress" and returned(status) == ("False", "WaitingForOwner")
+        assert await audit_store(audit, store) == []
+
         await bind_owner(store, "rec-0", "n1", [0, 1, 2, 3])
         await eventually(phase_is(store, "reclaim", "Done"))
+        assert await audit_store(audit, store) == []
+        assert audit.tally("online/reclaim").back == 4
         status = (await get_lease(store, "reclaim"))["status"]
         assert [d["index"] for d in status["reclaimed"]] == [0, 1, 2, 3]
+        assert returned(status) == ("True", "Returned")
         await eventually(lambda: _tags_are(store, "n1", {}))
         assert sample(registry, "flexlease_lease_reclaim_duration_seconds_count") == 1
         assert sample(registry, "flexlease_lease_reclaim_duration_seconds_sum") >= 65
@@ -267,8 +285,10 @@ async def test_failed_gpu_is_supplemented_from_standby(store: MemoryStore, clock
     await add_node(store, gpunode("n1"))
     await add_node(store, gpunode("s1", ["MA", "MA", "HA", "HA", "HA", "HA", "HA", "HA"], pool="standby"))
     await add_node(store, gpunode("s2", "HA", model="NVIDIA A100-SXM4-80GB", pool="standby"))
-    async with running(store, clock) as (_, registry):
+    audit = Audit()
+    async with running(store, clock) as (controller, registry):
         await lend_four(store)
+        assert await audit_store(audit, store) == []
         # the node agent reports n1/2 failed (and downgrades its tier at once)
         await store.patch(
             Kind.GPUNODE,
@@ -295,10 +315,15 @@ async def test_failed_gpu_is_supplemented_from_standby(store: MemoryStore, clock
         assert "Supplemented" in reasons(await events(store), "GPULease")
         assert sample(registry, "flexlease_lease_standby_supplements_total") == 1
 
+        await eventually(lambda: _true(controller.idle))
+        assert await audit_store(audit, store) == []
         await bind_owner(store, "rec-0", "n1", [0, 1, 3])
         await bind_owner(store, "rec-1", "s1", [2])
         await eventually(phase_is(store, "reclaim", "Done"))
         await eventually(lambda: _tags_are(store, "s1", {}))
+        assert await audit_store(audit, store) == []
+        tally = audit.tally("online/reclaim")
+        assert (tally.back, tally.replaced, tally.unrecoverable) == (3, 1, 0)
 
 
 async def test_restarted_controller_finishes_a_reclaim_mid_grace_period(
@@ -521,8 +546,10 @@ async def test_gpus_of_a_vanished_gpunode_are_supplemented_from_the_lend_record(
 ) -> None:
     await add_node(store, gpunode("n1"))
     await add_node(store, gpunode("s1", ["MA", "MA", "HA", "HA", "HA", "HA", "HA", "HA"], pool="standby"))
+    audit = Audit()
     async with running(store, clock):
         await lend_four(store)
+        assert await audit_store(audit, store) == []
         await store.delete(Kind.GPUNODE, "n1")  # the node is decommissioned while lent
         await add_lease(store, lease("reclaim", "Reclaim", count=4))
 
@@ -536,6 +563,8 @@ async def test_gpus_of_a_vanished_gpunode_are_supplemented_from_the_lend_record(
         assert replacements == [2, 3, 4, 5]  # HA, like the originals at lend time; never the MA ones
         await bind_owner(store, "rec-0", "s1", [2, 3, 4, 5])
         await eventually(phase_is(store, "reclaim", "Done"))
+        assert await audit_store(audit, store) == []
+        assert audit.tally("online/reclaim").replaced == 4
 
 
 USER_PROFILE = """\
@@ -857,8 +886,7 @@ async def test_a_gpu_failing_during_a_lend_without_its_model_in_standby_is_unrec
         await settled(controller, audit, store)
         status = (await get_lease(store, "b-reclaim"))["status"]
         assert [s["replacement"]["node"] for s in status["supplementedFromStandby"]] == ["s1"]
-        returned = next(c for c in status["conditions"] if c["type"] == "Returned")
-        assert (returned["status"], returned["reason"]) == ("False", "StandbyShortfall")
+        assert returned(status) == ("False", "StandbyShortfall")
         await clock.advance(600)
         await eventually(lambda: _has_reason(store, "Unrecoverable"))
         await settled(controller, audit, store)
