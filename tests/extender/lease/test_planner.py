@@ -77,6 +77,21 @@ class World:
         self.apply(plan)
         return plan
 
+    def run_to_end(self, ledger: Ledger, *, step_s: float, refusals: int = 0) -> None:
+        """Reconcile until the lease leaves InProgress (40 rounds at most): between rounds the
+        owner's reclaim pods bind what is tagged for it and ``step_s`` seconds pass; the first
+        ``refusals`` rounds that evict have their evictions refused (a PodDisruptionBudget)."""
+        for _ in range(40):
+            plan = self.plan(ledger)
+            if plan.evictions and refusals:
+                refusals -= 1
+                plan = LeasePlan(status=plan.status, tags=plan.tags, notices=plan.notices, notes=plan.notes)
+            self.apply(plan)
+            if plan.status.phase is not LeasePhase.IN_PROGRESS:
+                return
+            self.bind_tagged_free()
+            self.now += timedelta(seconds=step_s)
+
     def bind_tagged_free(self) -> None:
         """The owner's reclaim pods bind to whatever is free, healthy and tagged for it."""
         for gpu in self.view().gpus.values():
@@ -485,20 +500,7 @@ def test_every_lent_gpu_ends_reclaimed_or_supplemented_by_type_and_tier(
             )
     world = World(nodes, pods, lease("r", "Reclaim", count=len(states)))
     ledger = Ledger(records=records)
-    refusals = 2 if with_pdb_delay else 0
-
-    for _ in range(40):
-        plan = world.plan(ledger)
-        evictions = plan.evictions
-        if evictions and refusals:
-            refusals -= 1
-            plan = LeasePlan(status=plan.status, tags=plan.tags, notices=plan.notices, notes=plan.notes)
-        world.apply(plan)
-        if plan.status.phase is not LeasePhase.IN_PROGRESS:
-            break
-        world.bind_tagged_free()
-        world.now += timedelta(seconds=50)
-
+    world.run_to_end(ledger, step_s=50, refusals=2 if with_pdb_delay else 0)
     status = world.parsed().status
     assert status.phase is LeasePhase.DONE
     reclaimed = set(keys_of(status.reclaimed))
@@ -811,16 +813,7 @@ def test_every_lent_gpu_ends_back_replaced_or_unrecoverable_with_whatever_standb
     for model in pool_models:
         nodes.append(gpunode(f"s-{model[-4:]}", "HA", count=len(states), model=model, pool="standby"))
     world = World(nodes, pods, lease("r", "Reclaim", count=len(states)))
-    ledger = Ledger(records=records)
-    for _ in range(40):
-        plan = planner.plan_lease(
-            world.parsed(), world.view(), ledger=ledger, now=world.now, standby_wait=600
-        )
-        world.apply(plan)
-        if plan.status.phase is not LeasePhase.IN_PROGRESS:
-            break
-        world.bind_tagged_free()
-        world.now += timedelta(seconds=100)
+    world.run_to_end(Ledger(records=records), step_s=100)
     status = world.parsed().status
     assert status.phase is LeasePhase.DONE
     reclaimed = set(keys_of(status.reclaimed))
