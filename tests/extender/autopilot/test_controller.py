@@ -234,7 +234,9 @@ async def test_dry_run_shows_the_plan_and_writes_no_lease(store: FaultyStore) ->
 def test_only_leases_in_a_final_phase_are_out_of_flight() -> None:
     """Done, Failed and Cancelled (superseded by a newer lease of the owner) are final; a lease
     with no phase yet, Pending or InProgress is in flight; other owners' leases do not count."""
-    objs = [lease(p.lower(), "Lend", count=1) for p in ("Done", "Failed", "Cancelled", "Pending", "InProgress")]
+    objs = [
+        lease(p.lower(), "Lend", count=1) for p in ("Done", "Failed", "Cancelled", "Pending", "InProgress")
+    ]
     for obj, phase in zip(objs, ("Done", "Failed", "Cancelled", "Pending", "InProgress"), strict=True):
         obj["status"] = {"phase": phase}
     other = lease("other", "Lend", owner="online/other", count=1)
