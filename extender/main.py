@@ -9,9 +9,10 @@ kube-scheduler's ``enableHTTPS``), with mutual TLS when ``extender.tls_client_ca
 ``extender.metrics_port``, also a read-only plain-HTTP listener for metrics and probes
 (:mod:`extender.probes`); until SIGTERM or SIGINT; then stop accepting, let
 running requests finish within ``extender.shutdown_timeout_seconds``, run the cleanup
-contexts (watch loops, the lease controller of :mod:`extender.lease.controller` and the
-in-place rollout controller of :mod:`extender.rollout.controller`, both leader-only and on a
-clock accelerated by ``clock_speedup``; :mod:`extender.gcpolicy`, which freezes the
+contexts (watch loops, the lease controller of :mod:`extender.lease.controller`, the
+in-place rollout controller of :mod:`extender.rollout.controller` and the lease autopilot of
+:mod:`extender.autopilot.controller`, all leader-only and on a clock accelerated by
+``clock_speedup``; :mod:`extender.gcpolicy`, which freezes the
 listed inventory out of the garbage collector's way) and close the store.
 
 Neighbours: builds :mod:`extender.server`; nothing imports this module.
@@ -26,6 +27,7 @@ import signal
 import socket
 import ssl
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from pydantic import ValidationError
 
 import flexlease.logging
 from extender import gcpolicy, tasks, tls
+from extender.autopilot import controller as autopilot
 from extender.lease import controller as lease_controller
 from extender.orchestrator import relaunch
 from extender.probes import create_probe_app
@@ -54,6 +57,15 @@ from flexlease.store.kube_filter import ManagedPods
 from flexlease.store.leader import ElectionConfig, LeaderElector
 
 log = logging.getLogger(__name__)
+
+
+def scaled_clock(settings: Settings) -> ScaledClock:
+    """The accelerated clock of ``clock_speedup``: from the process's start, or pinned to
+    ``clock_origin`` (it then reads ``origin + (time.time() - origin) * speedup``)."""
+    speedup, origin = settings.clock_speedup, settings.clock_origin
+    if origin is None:
+        return ScaledClock(speedup)
+    return ScaledClock(speedup, start=origin + (time.time() - origin) * speedup)
 
 
 def process_registry() -> CollectorRegistry:
@@ -157,7 +169,7 @@ async def run(settings: Settings) -> None:
     pods = ManagedPods(resource=settings.extender.gpu_resource)
     store = await factory.open_store(settings.store, pod_filter=pods)
     registry = process_registry()
-    clock = SystemClock() if settings.clock_speedup == 1.0 else ScaledClock(settings.clock_speedup)
+    clock = SystemClock() if settings.clock_speedup == 1.0 else scaled_clock(settings)
     elector: LeaderElector | None = None
     contexts: list[CleanupContext] = []
     if settings.lease.leader_election:
@@ -171,6 +183,7 @@ async def run(settings: Settings) -> None:
         rollout_controller.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector)
     )
     contexts.append(relaunch.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector))
+    contexts.append(autopilot.cleanup_ctx(settings, store, registry=registry, clock=clock, elector=elector))
     # the listed inventory, and what survives later, out of the collector's way
     contexts.append(gcpolicy.cleanup_ctx(survivors=settings.extender.gc_freeze_survivors))
     try:

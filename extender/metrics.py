@@ -2,7 +2,7 @@
 
 Role: per-verb latency histograms (observed by the timing middleware of
 :mod:`extender.server`), decisions by verb, outcome and cause, and inventory gauges (free,
-used, unhealthy and lent GPUs by tier and type) read from :class:`extender.state.Inventory`
+used, unhealthy and lent GPUs by node pool, tier and type) read from :class:`extender.state.Inventory`
 at scrape time by a custom collector. Label values are bounded (verbs, outcomes,
 :class:`extender.scheduling.Cause`, tiers, GPU models) — never pod names or UIDs.
 
@@ -166,7 +166,7 @@ class DecisionsCollector(Collector):
 
 
 class InventoryCollector(Collector):
-    """Inventory gauges read at scrape time: ``flexlease_extender_gpus{state, tier, type}``
+    """Inventory gauges read at scrape time: ``flexlease_extender_gpus{pool, state, tier, type}``
     (state = free, used, unhealthy, lent), nodes, reservations and reservation events."""
 
     def __init__(self, inventory: Inventory) -> None:
@@ -176,12 +176,12 @@ class InventoryCollector(Collector):
         inv = self._inventory
         gpus = GaugeMetricFamily(
             GPUS,
-            "GPUs known to the extender by state (free, used, unhealthy; lent = tagged by an owner), "
-            "effective tier and type.",
-            labels=["state", "tier", "type"],
+            "GPUs known to the extender by node pool (general, standby), state (free, used, "
+            "unhealthy; lent = tagged by an owner), effective tier and type.",
+            labels=["pool", "state", "tier", "type"],
         )
         for c in inv.device_counts():
-            gpus.add_metric([c.state, c.tier, c.model], c.count)
+            gpus.add_metric([c.pool, c.state, c.tier, c.model], c.count)
         yield gpus
         summary = inv.summary()
         nodes = GaugeMetricFamily("flexlease_extender_nodes", "Nodes with a GPUNode in the inventory.")

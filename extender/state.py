@@ -162,9 +162,11 @@ def _holder(
 @dataclass(frozen=True, slots=True)
 class DeviceCount:
     """Inventory gauge sample: ``count`` devices of ``model`` at ``tier`` (``"unknown"``
-    when unreported) in ``state`` (``free``, ``used``, ``unhealthy``); ``lent`` counts
-    devices tagged with an owner (lent by an online job), whatever their state."""
+    when unreported) in ``state`` (``free``, ``used``, ``unhealthy``) on the nodes of node
+    pool ``pool`` (``general``, ``standby``: ``GPUNode.spec.pool``); ``lent`` counts devices
+    tagged with an owner (lent by an online job), whatever their state."""
 
+    pool: str
     state: str
     tier: str
     model: str
@@ -860,11 +862,12 @@ class Inventory:
     # ------------------------------------------------------------------ gauges
 
     def device_counts(self) -> list[DeviceCount]:
-        """Devices by (state, tier, model), plus ``lent`` (tagged) devices by tier and model.
-        Reads the current state; meant for a Prometheus collector at scrape time."""
-        counts: Counter[tuple[str, str, str]] = Counter()
+        """Devices by (pool, state, tier, model), plus ``lent`` (tagged) devices by pool, tier
+        and model. Reads the current state; meant for a Prometheus collector at scrape time."""
+        counts: Counter[tuple[str, str, str, str]] = Counter()
         for name, n in self._nodes.items():
             taken = self._taken(name) if name in self._on_node or self._reservations else {}
+            pool = n.pool.value
             for i, d in n.devices.items():
                 tier = d.tier.value if d.tier is not None else "unknown"
                 if not d.healthy:
@@ -873,10 +876,10 @@ class Inventory:
                     state = "used"
                 else:
                     state = "free"
-                counts[(state, tier, d.model)] += 1
+                counts[(pool, state, tier, d.model)] += 1
                 if d.owner is not None:
-                    counts[("lent", tier, d.model)] += 1
-        return [DeviceCount(s, t, m, c) for (s, t, m), c in sorted(counts.items())]
+                    counts[(pool, "lent", tier, d.model)] += 1
+        return [DeviceCount(p, s, t, m, c) for (p, s, t, m), c in sorted(counts.items())]
 
     def summary(self) -> dict[str, Any]:
         """Sizes for logs and ``/readyz``: nodes, devices, holding pods, reservations."""

@@ -101,6 +101,11 @@ class OffsetConflict(BrokerError):
     the caller is no longer the job's only reader."""
 
 
+class MetricsError(BackendError):
+    """A metrics query failed: the server is unreachable or answered an error, or the answer is
+    not one finite sample (the lease autopilot's demand sources)."""
+
+
 class RequestError(FlexleaseError):
     """A caller sent something malformed; maps to HTTP 400 with this message."""
 

@@ -7,7 +7,7 @@ aiohttp server this way (:func:`extender.simhost.hosted`): the same app, middlew
 HTTP bytes as over loopback TCP, without two ``send``/``recv`` pairs and an ``epoll`` wake-up
 per call: a minimal aiohttp round trip costs ≈ 61 µs of CPU through a pipe against ≈ 100 µs
 over loopback TCP; an 8-day right-of-return run (64 nodes) saves ≈ 3 % pinned to one CPU, more
-when runs share the CPUs (README, "Simulator speed", fifth round).
+when runs share the CPUs (docs/results/simulator.md, "Running time").
 
 What a socket does and these transports do too:
 

@@ -842,7 +842,7 @@ def _per_cycle(result: dict[str, Any], server: dict[str, Any], part: str = "reco
 def report(
     args: argparse.Namespace, hello: dict[str, Any], result: dict[str, Any], server: dict[str, Any]
 ) -> None:
-    """Print the figures, the table in Markdown (for the README)."""
+    """Print the figures, the table in Markdown (for docs/results/benchmarks.md)."""
     t, rec = result["times"], server["recorded"]
     cpu = platform.processor() or platform.platform()
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs ({cpu}), python {platform.python_version()}")

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # Build the flexlease images (Dockerfile.extender, Dockerfile.agent) offline, with Debian's
-# buildah, from Debian's packages only:
-#   1. wheels:  pip wheel . -> dist/wheels (flexlease and every dependency)
+# buildah, from Debian's packages and PyPI's wheels fetched on the build host only:
+#   1. wheels:  pip wheel . setuptools -> dist/wheels (every dependency of flexlease, and the
+#               setuptools that builds its wheel; the Dockerfiles build flexlease from the source)
 #   2. bases:   mmdebstrap bookworm root filesystems -> localhost/flexlease/python:3.11-bookworm
 #               (python3 only) and localhost/flexlease/python-build:3.11-bookworm (+ pip, venv)
-#   3. images:  buildah build -> localhost/flexlease/{extender,agent}:TAG, saved as
+#   3. images:  buildah build --network none with those bases and wheels as build arguments
+#               (PYTHON, PYTHON_BUILD, PIP_NO_INDEX, PIP_FIND_LINKS; VERSION and REVISION for the
+#               OCI labels) -> localhost/flexlease/{extender,agent}:TAG, saved as
 #               dist/images/{extender,agent}.tar (OCI archives for `ctr image import`, skopeo, podman)
+# Without those arguments the Dockerfiles use the public python:3.11-slim-bookworm and PyPI
+# (`docker build -f Dockerfile.extender .`); docs/getting-started/images.md.
 #
-#   hack/build-images.sh [--check] [TAG]    TAG defaults to 0.1.0
+#   hack/build-images.sh [--check] [TAG]    TAG defaults to the project's version (pyproject.toml)
 #
 # --check: then import both archives into a private containerd (hack/containerd-testbed.sh) and
 # run each image's entrypoint with --help, and an import of every flexlease module's
-# dependencies, as the image's own user.
+# dependencies, as the image's own user; print each image's user and OCI labels; and run the
+# agent for real (simulated GPUs) with a read-only root filesystem until it serves its metrics.
 #
 # Runs as root (buildah with the vfs storage driver and chroot isolation, so it works inside
 # VMs and containers without overlay or user namespaces); installs buildah and mmdebstrap
@@ -20,8 +26,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CHECK=0
 if [ "${1:-}" = --check ]; then CHECK=1; shift; fi
-TAG=${1:-0.1.0}
 PY=${PYTHON:-python3}
+VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+TAG=${1:-$VERSION}
+REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 SUITE=bookworm
 BASE=localhost/flexlease/python:3.11-$SUITE
 BUILD_BASE=localhost/flexlease/python-build:3.11-$SUITE
@@ -41,7 +49,9 @@ fi
 
 log "wheels -> dist/wheels"
 rm -rf dist/wheels && mkdir -p dist/wheels dist/images
-"$PY" -m pip wheel -q --disable-pip-version-check --wheel-dir dist/wheels .
+# setuptools: the build stage builds flexlease's wheel (pyproject's build-system) offline too.
+"$PY" -m pip wheel -q --disable-pip-version-check --wheel-dir dist/wheels . 'setuptools>=68'
+rm -f dist/wheels/flexlease-*.whl  # the images build flexlease from the source, not this one
 
 # base IMAGE PACKAGES: a Debian root filesystem (minbase + PACKAGES) as a one-layer image.
 base() {
@@ -69,6 +79,8 @@ for name in extender agent; do
   log "buildah build Dockerfile.$name -> localhost/flexlease/$name:$TAG"
   buildah build --quiet --network none --layers=false -f "Dockerfile.$name" \
     --build-arg PYTHON="$BASE" --build-arg PYTHON_BUILD="$BUILD_BASE" \
+    --build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS=/src/dist/wheels \
+    --build-arg VERSION="$TAG" --build-arg REVISION="$REVISION" \
     -t "localhost/flexlease/$name:$TAG" . >/dev/null
   rm -f "dist/images/$name.tar"
   buildah push --quiet "localhost/flexlease/$name:$TAG" "oci-archive:dist/images/$name.tar:localhost/flexlease/$name:$TAG"
@@ -88,6 +100,34 @@ for name in extender agent; do
   run "$image" "check-$name-help" "flexlease-$name" --help | head -1
   run "$image" "check-$name-user" id -u | sed "s/^/build-images: $name runs as uid /" >&2
   run "$image" "check-$name-imports" python -c \
-    'import extender.main, nodeagent.main, nodeagent.cri.api_pb2_grpc, pynvml, kubernetes_asyncio'
+    'import extender.main, nodeagent.main, flexlease.cri.api_pb2_grpc, pynvml, kubernetes_asyncio, numpy, uvloop'
+  buildah inspect --type image "$image" | "$PY" -c 'import json, sys
+c = json.load(sys.stdin)["OCIv1"]["config"]
+print(c.get("User"), json.dumps(c.get("Labels"), sort_keys=True))' | sed "s/^/build-images: $name user and labels: /" >&2
 done
+
+# The agent for real, as its DaemonSet runs it: a read-only root filesystem, the state directory
+# (/var/lib/flexlease-agent, a hostPath there) the only writable mount; simulated GPUs and the
+# in-memory store, so it needs no cluster. It must serve its metrics with NVML up.
+run_dir=$tb/agent-run && mkdir -p "$run_dir/state" "$run_dir/cfg" && chmod 777 "$run_dir/state"
+printf 'name: n1\ngpus: {count: 2, model: NVIDIA H20, memoryMiB: 97871}\nevents: []\n' >"$run_dir/cfg/node.yaml"
+port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+log "ctr run --read-only localhost/flexlease/agent:$TAG flexlease-agent (simulated GPUs) on 127.0.0.1:$port"
+ctr --address "$tb/containerd.sock" -n k8s.io run --rm --net-host --read-only \
+  --mount "type=bind,src=$run_dir/cfg,dst=/cfg,options=rbind:ro" \
+  --mount "type=bind,src=$run_dir/state,dst=/var/lib/flexlease-agent,options=rbind:rw" \
+  "localhost/flexlease/agent:$TAG" check-agent-run flexlease-agent --nvml=simulated --node-config=/cfg/node.yaml \
+  --node-name=n1 --store=memory --metrics-host=127.0.0.1 --metrics-port="$port" >"$run_dir/log" 2>&1 &
+agent_pid=$!
+up=0
+for _ in $(seq 60); do
+  if "$PY" -c 'import sys, urllib.request
+body = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=1).read().decode()
+sys.exit(0 if "flexlease_nvml_up{node=\"n1\"} 1.0" in body else 1)' "$port" 2>/dev/null; then up=1; break; fi
+  sleep 0.5
+done
+ctr --address "$tb/containerd.sock" -n k8s.io task kill check-agent-run >/dev/null 2>&1 || true
+wait "$agent_pid" || true
+[ "$up" = 1 ] || { tail -20 "$run_dir/log" >&2; log "the agent did not serve its metrics"; exit 1; }
+log "the agent ran with a read-only root; it wrote only $(cd "$run_dir/state" && echo *)"
 log "both images import and run"

@@ -18,6 +18,10 @@
 #   FLEXLEASE_TESTBED_DIR, FLEXLEASE_CRI_ENDPOINT (unix://DIR/containerd.sock),
 #   FLEXLEASE_TESTBED_REGISTRY (127.0.0.1:PORT), FLEXLEASE_TESTBED_PAUSE_IMAGE,
 #   FLEXLEASE_TESTBED_TRAINER_V1, FLEXLEASE_TESTBED_TRAINER_V2 (loaded locally),
+#   FLEXLEASE_TESTBED_TRAINER_BROKEN (loaded locally; its entrypoint does not exist, so every
+#   start fails: CRI StartContainer errors and the container ends Exited, code 128,
+#   reason StartError), FLEXLEASE_TESTBED_TRAINER_NOCMD (loaded locally; no entrypoint and no
+#   command: CRI CreateContainer fails, "no command specified"),
 #   FLEXLEASE_TESTBED_LARGE_IMAGE (only in the registry; its own random layer of
 #   FLEXLEASE_TESTBED_LARGE_MIB MiB, default 64), FLEXLEASE_TESTBED_REGISTRY_TRAINER (trainer v1,
 #   only in the registry: pulled, it has a repo digest), FLEXLEASE_TESTBED_CNI_SUBNET,
@@ -34,6 +38,8 @@ NS=k8s.io
 PAUSE_IMAGE=localhost/flexlease/pause:1
 TRAINER_V1=localhost/flexlease/trainer:v1
 TRAINER_V2=localhost/flexlease/trainer:v2
+TRAINER_BROKEN=localhost/flexlease/trainer:broken
+TRAINER_NOCMD=localhost/flexlease/trainer:nocmd
 FRAMEWORK_IMAGE=localhost/flexlease/framework:v1
 LAUNCHER_IMAGE=localhost/flexlease/launcher:v1
 
@@ -220,13 +226,15 @@ build_images() {
   build_image "$img/pause.tar" "$PAUSE_IMAGE" '["sleep","2147483647"]' "$img/base.tar"
   build_image "$img/trainer-v1.tar" "$TRAINER_V1" "$trainer" "$img/base.tar" "$img/v1.tar"
   build_image "$img/trainer-v2.tar" "$TRAINER_V2" "$trainer" "$img/base.tar" "$img/v2.tar"
+  build_image "$img/trainer-broken.tar" "$TRAINER_BROKEN" '["/bin/no-such-entrypoint"]' "$img/base.tar" "$img/v2.tar"
+  build_image "$img/trainer-nocmd.tar" "$TRAINER_NOCMD" 'null' "$img/base.tar" "$img/v2.tar"
   build_image "$img/trainer-large.tar" "flexlease/trainer-large:v1" "$trainer" "$img/base.tar" "$img/large.tar"
   rm -rf "$img/base" "$img/v1" "$img/v2" "$img/large" "$img/base.tar" "$img/v1.tar" "$img/v2.tar" "$img/large.tar"
 }
 
 load_images() {
   local t
-  for t in pause trainer-v1 trainer-v2; do
+  for t in pause trainer-v1 trainer-v2 trainer-broken trainer-nocmd; do
     ctr --address "$SOCK" -n "$NS" image import "$DIR/images/$t.tar" >/dev/null \
       || die "ctr image import $t.tar failed"
   done
@@ -385,6 +393,8 @@ FLEXLEASE_TESTBED_REGISTRY=127.0.0.1:$port
 FLEXLEASE_TESTBED_PAUSE_IMAGE=$PAUSE_IMAGE
 FLEXLEASE_TESTBED_TRAINER_V1=$TRAINER_V1
 FLEXLEASE_TESTBED_TRAINER_V2=$TRAINER_V2
+FLEXLEASE_TESTBED_TRAINER_BROKEN=$TRAINER_BROKEN
+FLEXLEASE_TESTBED_TRAINER_NOCMD=$TRAINER_NOCMD
 FLEXLEASE_TESTBED_LARGE_IMAGE=127.0.0.1:$port/flexlease/trainer-large:v1
 FLEXLEASE_TESTBED_REGISTRY_TRAINER=127.0.0.1:$port/flexlease/trainer:v1
 FLEXLEASE_TESTBED_LARGE_MIB=$LARGE_MIB

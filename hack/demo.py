@@ -13,15 +13,21 @@ Run by ``hack/local-up.sh`` (the README's first command), which starts a private
 * this driver, which plays kube-scheduler (every pending pod goes filter → prioritize → bind
   through the extender, wire format of ``k8s.io/kube-scheduler/extender/v1``), a kubelet
   stand-in (every bound pod is admitted through its node agent's device plugin over gRPC —
-  ``GetPreferredAllocation`` → ``Allocate`` → ``PreStartContainer``, with one test kubelet per
-  node from ``standins.kubelet_devices`` serving Registration and PodResources — then runs as
-  a CRI sandbox + container with the ``NVIDIA_VISIBLE_DEVICES`` the plugin returned; evicted
-  pods are torn down) and the online job's controller.
+  ``GetPreferredAllocation`` → ``Allocate``; no ``PreStartContainer``, which the plugin does
+  not ask for — with one test kubelet per node from ``standins.kubelet_devices`` serving
+  Registration and PodResources — then runs as a CRI sandbox + container with the
+  ``NVIDIA_VISIBLE_DEVICES`` the plugin returned; evicted pods are torn down) and the online
+  job's controller.
 
 The day (simulated time): 00:00 the online job ``recsys/ranker`` starts 16 one-GPU HA pods on
-nodes gpu-0 and gpu-1; 01:00 traffic falls and it lends gpu-1's 8 GPUs (``GPULease`` Lend);
-02:00 low-priority jobs take them and gpu-2; 06:00 gpu-1/3 fails; 09:00 traffic peaks: a
-Reclaim lease gives the LP pods a graceful-reclaim notice and evicts them, the failed GPU is
+nodes gpu-0 and gpu-1, and its ``GPULeasePolicy`` is created: a schedule of 8 GPUs from 01:00 to
+09:00, 16 otherwise, lead time ``auto`` — the leases of the day are the extender's lease
+autopilot's (``extender.autopilot``), none is written by hand; 01:00 traffic falls, the
+autopilot writes a count Lend of 8 and the job's controller scales down gpu-1's 8 pods;
+02:00 low-priority jobs take them and gpu-2; 06:00 gpu-1/3 fails; a lead time before the 09:00
+peak (the prelaunch window W the agents publish, the grace period, the autopilot's resync) the
+autopilot writes the Reclaim, which gives the LP pods a graceful-reclaim notice and evicts them,
+the failed GPU is
 supplemented from the standby node gpu-3, the job's 8 pods come back onto the same GPUs, the
 extender's rollout controller restarts the 8 pods that stayed in place so the job picks up its
 new GPU set (as it did after the lend; ``extender.rollout``), and then they are hot-restarted
@@ -43,7 +49,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -56,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, n
 
 from flexlease.api import keys
 from flexlease.api.pod import parse_pod, pod_gpu_count
+from flexlease.api.policy import GPULeasePolicy
 from flexlease.api.resources import DeviceKey, LeaseAction, Pool, parse_gpulease, parse_gpunode
 from flexlease.api.tiers import Tier
 from flexlease.clock import format_time
@@ -116,11 +123,19 @@ class Testbed:
 
 
 class SimClock:
-    """Simulated seconds since 00:00 of the demo day: real seconds × ``speedup``."""
+    """Simulated seconds since 00:00 of the demo day: real seconds × ``speedup``. ``origin``:
+    the real epoch second the extender's clock is pinned to (``clock_origin``); the extender's
+    time at the demo's 00:00 is then :attr:`extender_epoch`."""
 
-    def __init__(self, speedup: float) -> None:
+    def __init__(self, speedup: float, *, origin: float | None = None) -> None:
         self.speedup = speedup
         self._t0 = time.monotonic()
+        wall = time.time()
+        self.extender_epoch = wall if origin is None else origin + (wall - origin) * speedup
+
+    def extender_time(self, sim_seconds: float) -> datetime:
+        """The extender's clock (UTC) at the demo's simulated second ``sim_seconds``."""
+        return datetime.fromtimestamp(self.extender_epoch + sim_seconds, UTC)
 
     def now(self) -> float:
         return (time.monotonic() - self._t0) * self.speedup
@@ -497,9 +512,25 @@ class Demo:
         pod["metadata"].setdefault("labels", {})[keys.LABEL_RESTART_POLICY] = keys.RESTART_POLICY_IN_PLACE
         return pod
 
-    async def create_lease(self, name: str, action: LeaseAction, devices: Sequence[DeviceKey]) -> None:
-        lease = objects.gpulease(name, OWNER, action=action, devices=devices, grace_period_seconds=45)
-        await self.store.create(Kind.GPULEASE, lease)
+    async def create_policy(self) -> None:
+        """The online job's ``GPULeasePolicy`` (:func:`ranker_policy`) on the extender's clock."""
+        await self.store.create(Kind.GPULEASEPOLICY, ranker_policy(self.clock))
+
+    async def policy(self) -> GPULeasePolicy:
+        obj = await self.store.get(Kind.GPULEASEPOLICY, OWNER_JOB, namespace=OWNER_NS)
+        return GPULeasePolicy.model_validate(obj)
+
+    async def autopilot_lease(self, action: LeaseAction, *, limit_s: float = 120) -> JsonObj:
+        """The autopilot's GPULease of ``action`` for the job, once it has written one."""
+
+        async def written() -> JsonObj | None:
+            for obj in (await self.store.list(Kind.GPULEASE, namespace=OWNER_NS)).items:
+                labels = obj["metadata"].get("labels") or {}
+                if labels.get(keys.LABEL_POLICY) == OWNER_JOB and obj["spec"]["action"] == action.value:
+                    return obj
+            return None
+
+        return dict(await self.wait_for(f"the autopilot's {action.value}", written, limit_s=limit_s))
 
     async def lease_finished(self, name: str) -> JsonObj:
         """The GPULease once its phase is Done or Failed."""
@@ -510,6 +541,36 @@ class Demo:
             return obj if phase in ("Done", "Failed") else None
 
         return dict(await self.wait_for(f"GPULease {name} to finish", finished, limit_s=120))
+
+
+def ranker_policy(clock: SimClock) -> JsonObj:
+    """The online job's policy: 16 GPUs, 8 from 01:00 to 09:00 of the demo's day. The windows
+    are the extender's wall clock (UTC) at those simulated hours, to the next whole minute;
+    one-minute plan steps; the lead time ``auto``."""
+
+    def hhmm(hour: float) -> str:
+        at = clock.extender_time(hour * HOUR)
+        if at.second or at.microsecond:
+            at = at.replace(second=0, microsecond=0) + timedelta(minutes=1)
+        return at.strftime("%H:%M")
+
+    return {
+        "apiVersion": keys.API_VERSION,
+        "kind": keys.GPULEASEPOLICY_KIND,
+        "metadata": {"name": OWNER_JOB, "namespace": OWNER_NS},
+        "spec": {
+            "owner": OWNER,
+            "minGPUs": 8,
+            "maxGPUs": 16,
+            "stepSeconds": 60,
+            "leadTime": "auto",
+            "gracePeriodSeconds": 45,
+            "stabilization": {"rho": 1, "tauSeconds": 600},
+            "demand": {
+                "schedule": {"timeZone": "UTC", "windows": [{"start": hhmm(1), "end": hhmm(9), "gpus": 8}]}
+            },
+        },
+    }
 
 
 async def run_day(demo: Demo, *, report: dict[str, Any], end_hour: float = 24.0) -> None:
@@ -536,19 +597,33 @@ async def run_day(demo: Demo, *, report: dict[str, Any], end_hour: float = 24.0)
         f"{sum(1 for n in placed.values() if n == LENT_NODE)} on {LENT_NODE}"
     )
     await demo.sample()
+    await demo.create_policy()
+    window = ranker_policy(clock)["spec"]["demand"]["schedule"]["windows"][0]
+    demo.say(
+        f"GPULeasePolicy {OWNER_JOB}: 8 GPUs from {window['start']} to {window['end']} UTC on the "
+        "extender's clock (the demo's 01:00-09:00), 16 otherwise, lead time auto"
+    )
 
-    # 01:00 trough: lend gpu-1's GPUs (the pods there scale down)
-    await clock.until(1 * HOUR)
+    # 01:00 trough: the autopilot writes the Lend; the job's controller scales down gpu-1's pods
+    await clock.until(0.9 * HOUR)
+    lend_obj = await demo.autopilot_lease(LeaseAction.LEND)
+    lend_name = lend_obj["metadata"]["name"]
     leaving = sorted(i for i, n in placed.items() if n == LENT_NODE)
+    if lend_obj["spec"].get("count") != len(leaving):
+        raise DemoError(
+            f"the autopilot's Lend asks for {lend_obj['spec'].get('count')} GPUs, not {len(leaving)}"
+        )
     holders = await demo.holders()
     lent = sorted(k for k, p in holders.items() if k.node == LENT_NODE)
-    demo.say(f"trough: scale down to {16 - len(leaving)} pods, Lend {len(lent)} GPUs of {LENT_NODE}")
-    await demo.create_lease("trough", LeaseAction.LEND, lent)
-    lend_task = asyncio.create_task(demo.lease_finished("trough"), name="lend")
+    lend_at = clock.hhmm()
+    demo.say(f"autopilot: GPULease {lend_name} Lend {len(leaving)}; the job scales down {LENT_NODE}'s pods")
+    lend_task = asyncio.create_task(demo.lease_finished(lend_name), name="lend")
     for i in leaving:
         await demo.store.delete(Kind.POD, f"{OWNER_JOB}-{i}", namespace=OWNER_NS)
     lend = parse_gpulease(await lend_task)
     report["lend"] = {
+        "lease": lend_name,
+        "writtenAt": lend_at,
         "phase": lend.status.phase.value,
         "gpus": [f"{d.node}/{d.index} ({d.tier.value if d.tier else '?'})" for d in lend.status.lent],
         "message": lend.status.message,
@@ -593,16 +668,35 @@ async def run_day(demo: Demo, *, report: dict[str, Any], end_hour: float = 24.0)
     }
     demo.say(f"{FAILED_GPU} unhealthy ({dev.reason}); tier now {dev.tier.value}")
 
-    # 09:00 peak: reclaim the lent GPUs, bring the 8 pods back, hot-restart the 8 that stayed
-    await clock.until(9 * HOUR)
-    demo.say(f"peak: Reclaim {len(lent)} GPUs for {OWNER} (grace period 45 s)")
+    # before the 09:00 peak, by its lead time: the autopilot's Reclaim; the job's 8 pods come back
+    # onto the same GPUs, and the 8 that stayed are hot-restarted
+    await clock.until(8 * HOUR)
+    reclaim_obj = await demo.autopilot_lease(LeaseAction.RECLAIM)
+    reclaim_name = reclaim_obj["metadata"]["name"]
     started = time.perf_counter()
     sim_started = clock.now()
-    await demo.create_lease("peak", LeaseAction.RECLAIM, lent)
-    reclaim_task = asyncio.create_task(demo.lease_finished("peak"), name="reclaim")
+    plan = (await demo.policy()).status.plan
+    lead = plan.lead_time_seconds if plan is not None else None
+    report["autopilot"] = {
+        "policy": f"{OWNER_NS}/{OWNER_JOB}",
+        "window": window,
+        "lend": lend_name,
+        "lendWrittenAt": lend_at,
+        "reclaim": reclaim_name,
+        "reclaimWrittenAt": clock.hhmm(),
+        "leadTimeSeconds": lead,
+        "leadTimeSource": plan.lead_time_source if plan is not None else None,
+    }
+    demo.say(
+        f"autopilot: GPULease {reclaim_name} Reclaim {reclaim_obj['spec'].get('count')} GPUs for {OWNER} "
+        f"(lead time {lead:.0f} s before the peak; grace period 45 s)"
+        if lead is not None
+        else f"autopilot: GPULease {reclaim_name} Reclaim"
+    )
+    reclaim_task = asyncio.create_task(demo.lease_finished(reclaim_name), name="reclaim")
 
     async def freed() -> bool:
-        obj = await demo.store.get(Kind.GPULEASE, "peak", namespace=OWNER_NS)
+        obj = await demo.store.get(Kind.GPULEASE, reclaim_name, namespace=OWNER_NS)
         conditions = obj.get("status", {}).get("conditions", [])
         return any(c["type"] == "GPUsFreed" and c["status"] == "True" for c in conditions)
 
@@ -651,7 +745,7 @@ async def run_day(demo: Demo, *, report: dict[str, Any], end_hour: float = 24.0)
     # the reclaim is done: the extender's rollout controller restarts the pods that stayed in
     # place (same image, same sandbox) so the job picks up its new GPU set (WeFlex §3.2 step e)
     async def reconfigured() -> JsonObj | None:
-        obj = await demo.store.get(Kind.GPULEASE, "peak", namespace=OWNER_NS)
+        obj = await demo.store.get(Kind.GPULEASE, reclaim_name, namespace=OWNER_NS)
         raw = obj["metadata"].get("annotations", {}).get(keys.ANN_ROLLOUT_STATUS)
         status = json.loads(raw) if raw else {}
         return status if status.get("phase") in ("Complete", "Failed") else None
@@ -758,6 +852,7 @@ def plot(demo: Demo, out: Path) -> Path:
 
 def print_report(report: dict[str, Any]) -> None:
     lend, lp, fail, rec = report["lend"], report["lowPriority"], report["failure"], report["reclaim"]
+    auto = report["autopilot"]
     hot = report["hotRestart"]
     totals = sorted(h["totalSeconds"] for h in hot.values() if h["totalSeconds"] is not None)
     cold = sorted(report["coldStartSeconds"].values())
@@ -767,6 +862,9 @@ def print_report(report: dict[str, Any]) -> None:
     lines = [
         "",
         "== flexlease demo report",
+        f"autopilot:     GPULeasePolicy {auto['policy']} (8 GPUs {auto['window']['start']}-"
+        f"{auto['window']['end']} UTC): Lend {auto['lend']} at {auto['lendWrittenAt']}, Reclaim "
+        f"{auto['reclaim']} at {auto['reclaimWrittenAt']} (lead time {auto['leadTimeSeconds']} s)",
         f"lent:          {len(lend['gpus'])} GPUs of {LENT_NODE} to the platform, tagged for {OWNER}",
         f"low priority:  {lp['pods']} pods × 2 GPUs; on lent GPUs: {', '.join(lp['onLentGPUs']) or 'none'}",
         f"failure:       {fail['gpu']} at {fail['at']}: {fail['reason']} (tier {fail['tier']})",
@@ -823,6 +921,7 @@ async def amain(args: argparse.Namespace) -> int:
         )
     print(f"== flexlease demo: 1 day at {args.speedup:g}× (1 simulated hour = {HOUR / args.speedup:.1f} s)")
     report: dict[str, Any] = {"speedup": args.speedup}
+    origin = time.time()  # the extender's accelerated clock is pinned here (clock_origin)
     async with (
         running_extender(
             db,
@@ -835,13 +934,18 @@ async def amain(args: argparse.Namespace) -> int:
                 # simulated ones at the default): the reconfiguration after a lease may start
                 # up to a simulated day after it completed (the leases all start after the extender)
                 "FLEXLEASE_LEASE__RECONFIGURE_MAX_AGE_SECONDS": "86400",
+                # the demo knows the extender's time exactly, to write the policy's windows
+                "FLEXLEASE_CLOCK_ORIGIN": f"{origin:.6f}",
+                "FLEXLEASE_AUTOPILOT__RESYNC_SECONDS": "60",
             },
         ) as extender,
         ExtenderClient(extender.url) as client,
         GrpcCri(testbed.endpoint, timeout_seconds=20, pull_timeout_seconds=120) as cri,
     ):
         await cri.connect()
-        clock = SimClock(args.speedup)  # 00:00: the agents' scripted GPU events count from here
+        clock = SimClock(
+            args.speedup, origin=origin
+        )  # 00:00: the agents' scripted GPU events count from here
         nodes = [*GENERAL, *STANDBY]
         async with (
             device_kubelets(nodes) as kubelets,

@@ -19,7 +19,7 @@ def describe() -> str:
     a pure-Python loop): pyenv's default build (``--enable-shared``, no
     ``--enable-optimizations``) and Debian's ``python3.11``, the interpreter of the images
     (``hack/build-images.sh``), which Debian links statically and builds with profile-guided
-    optimization (README, "Extender speed, tenth round")."""
+    optimization (docs/results/benchmarks.md, round 10)."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the trace-driven simulator (flexlease.sim) with the paper's setup: 64 nodes x 8 GPUs,
-# 60 simulated days, both policies, traces from ../shared/data when present.
+# 60 simulated days, both policies, traces from data/ (data/README.md).
 #   hack/simulate.sh [OUT_DIR] [extra args for python -m flexlease.sim]
 set -euo pipefail
 cd "$(dirname "$0")/.."

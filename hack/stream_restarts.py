@@ -63,6 +63,7 @@ import flexlease.logging
 from flexlease import tasks
 from flexlease.api import keys
 from flexlease.config import AgentSettings
+from flexlease.prelaunch import PrelaunchInputs, prelaunch_window
 from flexlease.store.base import JsonObj, Kind
 from flexlease.store.memory import MemoryStore
 from flexlease.streaming.config import StreamBinding
@@ -74,7 +75,6 @@ from nodeagent.hotrestart.component import RuntimeStaging
 from nodeagent.hotrestart.controller import HotRestartController, HotRestartMetrics
 from nodeagent.hotrestart.model import Phase, Strategy, parse_status
 from nodeagent.hotrestart.restarter import HotRestarter
-from nodeagent.prelaunch import PrelaunchInputs, prelaunch_window
 from nodeagent.staging import Stager, Staging, StagingMetrics
 
 SELF = Path(__file__).resolve()

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # shellcheck source=hack/lib/deps.sh
 . hack/lib/deps.sh
-install_deps
+install_test_deps
 
 echo "== ruff"
 "$PY" -m ruff check .

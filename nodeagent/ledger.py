@@ -10,9 +10,10 @@ Two halves:
   worse ratio downgrades at once; it never upgrades between refreshes) and :func:`prune`
   (intervals wholly older than the window are folded into lifetime totals, bounding size).
 * **File** (:class:`LedgerFile`): one JSON file per node under ``AgentSettings.state_dir``,
-  written atomically (temp file, fsync, rename, fsync of the directory). A file that cannot be
-  read back is moved aside as ``<name>.corrupt-<UTC timestamp>`` and reported, never silently
-  reset; a crash between write and rename leaves the previous file intact.
+  written through :mod:`flexlease.atomicfile` (one writer at a time, a unique temp file, fsync,
+  rename, fsync of the directory), so a crash at any point leaves the previous or the new
+  file, whole. A file that cannot be read back is moved aside as
+  ``<name>.corrupt-<UTC timestamp>`` and reported, never silently reset.
 
 Ratio (paper §3.5): ``ratio = 1 − unhealthy / (healthy + unhealthy)`` over
 ``[now − window, now]``; unknown time (agent down, NVML down) is excluded from the ratio and
@@ -22,7 +23,6 @@ seconds (float).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import json
 import logging
@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from flexlease import atomicfile
 from flexlease.api import tiers
 from flexlease.api.resources import Availability, Health
 from flexlease.api.tiers import Tier
@@ -351,29 +352,35 @@ def _noop_corrupt(moved_to: Path, why: str) -> None:
 
 
 class LedgerFile:
-    """The ledger's file ``<state_dir>/ledger.json``. Synchronous (callers run it through
+    """The ledger's file ``<state_dir>/ledger.json``, written through
+    :class:`flexlease.atomicfile.AtomicFile` (one writer at a time, a unique temp file,
+    fsync, rename, directory fsync). Synchronous (callers run it through
     ``asyncio.to_thread``). ``on_corrupt`` is told of every file moved aside (for the
-    ``flexlease_ledger_corrupt_total`` metric)."""
+    ``flexlease_ledger_corrupt_total`` metric); ``on_step`` of each step of a write (tests)."""
 
     NAME: Final = "ledger.json"
 
-    def __init__(self, state_dir: Path, *, on_corrupt: CorruptSink = _noop_corrupt) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        on_corrupt: CorruptSink = _noop_corrupt,
+        on_step: atomicfile.StepHook | None = None,
+    ) -> None:
         self.dir = state_dir
         self.path = state_dir / self.NAME
         self._on_corrupt = on_corrupt
+        self._file = atomicfile.AtomicFile(self.path, on_step=on_step)
 
     def load(self) -> Decoded | None:
         """The stored ledger, or None when there is none (first start) or it was corrupt — in
         which case it was moved aside, logged at error level and reported to ``on_corrupt``.
         Leftover temp files of an interrupted write are removed. Raises ``OSError`` when the
         directory cannot be read or the corrupt file cannot be moved."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        for tmp in self.dir.glob(f".{self.NAME}.tmp-*"):
-            log.warning("removing the temp file of an interrupted ledger write", extra=ctx(path=str(tmp)))
-            tmp.unlink(missing_ok=True)
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
+        for tmp in self._file.remove_temps():
+            log.warning("removed the temp file of an interrupted ledger write", extra=ctx(path=str(tmp)))
+        data = self._file.read()
+        if data is None:
             return None
         try:
             return decode(data)
@@ -389,34 +396,17 @@ class LedgerFile:
     def _move_aside(self, why: str) -> Path:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         target = self.path.with_name(f"{self.NAME}.corrupt-{stamp}")
-        os.replace(self.path, target)
-        _fsync_dir(self.dir)
+        with self._file.locked() as dir_fd:
+            os.replace(self.path, target)
+            os.fsync(dir_fd)
         return target
 
-    def save(self, data: bytes) -> None:
-        """Write ``data`` atomically: temp file in the same directory, fsync, rename over the
-        file, fsync the directory. Raises ``OSError``; the old file stays whole on failure."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".{self.NAME}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        _fsync_dir(self.dir)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def save(self, data: bytes, *, written_at: float | None = None) -> bool:
+        """Replace the file with ``data`` (see :meth:`flexlease.atomicfile.AtomicFile.replace`):
+        a write waits for the one in flight; one whose ``written_at`` is older than the last
+        written by this process is skipped (returns False). Raises ``OSError``; the old file
+        stays whole when the write fails before its rename."""
+        return self._file.replace(data, version=written_at)
 
 
 # ---------------------------------------------------------------------------- the node's ledger

@@ -212,6 +212,16 @@ API_RESOURCES: tuple[ApiResource, ...] = (
         field_labels=_META_FIELDS,
         builtin=False,
     ),
+    ApiResource(
+        group="flexlease.io",
+        version="v1alpha1",
+        plural="gpuleasepolicies",
+        kind="GPULeasePolicy",
+        namespaced=True,
+        subresources=frozenset({"status"}),
+        field_labels=_META_FIELDS,
+        builtin=False,
+    ),
 )
 
 

@@ -17,18 +17,29 @@ Kubernetes docs, "Extend the Kubernetes API with CustomResourceDefinitions", sec
   ``details.causes`` name each field, and the message
   ``<Kind>.<group> "<name>" is invalid: <field>: Invalid value: ...``.
 
+* **Validation rules**: each ``x-kubernetes-validations`` CEL rule is evaluated with ``self``
+  bound to the value at its node (for every item under a list's ``items``), and a false rule
+  answers 422 with its ``message``:
+  ``<Kind>.<group> "<name>" is invalid: spec.demand: Invalid value: "object": <message>``
+  (paths as the API server writes them, ``windows[0]``). As the API server, rules are
+  evaluated only where the value is present, and only once the OpenAPI checks pass.
+
 The validator is the ``jsonschema`` library on the CRD's ``openAPIV3Schema`` (``nullable``
-rewritten to ``anyOf: [null, ...]``, OpenAPI's form of the same rule). Not modelled:
-``format`` checks (``date-time``), CEL rules and ratcheting (the CRDs use none).
+rewritten to ``anyOf: [null, ...]``, OpenAPI's form of the same rule; OpenAPI v3.0's boolean
+``exclusiveMinimum`` back to JSON Schema's number); the CEL interpreter is the
+``common-expression-language`` package. Not modelled: ``format`` checks (``date-time``),
+``oldSelf`` (transition rules), rule cost limits and ratcheting (the CRDs use none of them).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cel
 import jsonschema
 import yaml
 
@@ -56,8 +67,10 @@ def crd_schemas() -> dict[str, tuple[str, JsonObj]]:
         crd = yaml.safe_load(path.read_text())
         version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
         out[crd["spec"]["names"]["kind"]] = (crd["spec"]["group"], version["schema"]["openAPIV3Schema"])
-    if set(out) != {"GPUNode", "GPULease"}:  # never check against nothing
-        raise RuntimeError(f"expected the GPUNode and GPULease CRDs in {CRD_DIR}, found {sorted(out)}")
+    if set(out) != {"GPUNode", "GPULease", "GPULeasePolicy"}:  # never check against nothing
+        raise RuntimeError(
+            f"expected the GPUNode, GPULease and GPULeasePolicy CRDs in {CRD_DIR}, found {sorted(out)}"
+        )
     return out
 
 
@@ -76,6 +89,10 @@ def _to_jsonschema(node: Any) -> Any:
     }
     if isinstance(node.get("properties"), dict):  # property names are not schema keywords
         out["properties"] = {name: _to_jsonschema(sub) for name, sub in node["properties"].items()}
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if node.get(exclusive) is True and bound in node:  # OpenAPI v3.0's form → JSON Schema's
+            out[exclusive] = node[bound]
+            del out[bound]
     if node.get("nullable"):
         return {"anyOf": [{"type": "null"}, out]}
     return out
@@ -132,12 +149,63 @@ def prune_and_validate(obj: JsonObj, *, dropped: list[str] | None = None) -> Jso
             ".".join(str(p) for p in err.absolute_path) or "<root>",
             f"Invalid value: {err.instance!r}: {err.message}",
         )
-        for err in sorted(_validator(kind).iter_errors(out), key=lambda e: list(map(str, e.absolute_path)))
+        for err in sorted(
+            (leaf for top in _validator(kind).iter_errors(out) for leaf in _leaves(top)),
+            key=lambda e: list(map(str, e.absolute_path)),
+        )
     ]
+    if not causes:
+        causes = list(_rule_failures(schema, out, path=""))
     if causes:
         name = str((obj.get("metadata") or {}).get("name", ""))
         raise SchemaError(kind, group, name, causes)
     return out
+
+
+def _leaves(err: jsonschema.ValidationError) -> Iterator[jsonschema.ValidationError]:
+    """The errors to report for ``err``: a nullable field's (``anyOf: [null, T]``) are those of
+    its ``T`` branch, as the API server names the field that broke ``T``'s rule."""
+    if err.validator == "anyOf" and err.context:
+        inner = [e for e in err.context if not (e.validator == "type" and e.validator_value == "null")]
+        if inner:
+            for sub in inner:
+                yield from _leaves(sub)
+            return
+    yield err
+
+
+def _rule_failures(schema: JsonObj, value: Any, *, path: str) -> Iterator[tuple[str, str]]:
+    """(field path, message) of each ``x-kubernetes-validations`` rule ``value`` breaks, at
+    any depth below ``schema`` (``path``: where ``value`` sits, ``spec.demand``)."""
+    if value is None:
+        return
+    for rule in schema.get("x-kubernetes-validations") or ():
+        try:
+            holds = cel.evaluate(rule["rule"], {"self": value})
+        except Exception as exc:  # the API server reports a rule that cannot run as invalid
+            yield path or "<root>", f"Invalid value: {_kind_of(value)}: rule evaluation error: {exc}"
+            continue
+        if holds is not True:
+            message = rule.get("message") or f"failed rule: {rule['rule']}"
+            yield path or "<root>", f"Invalid value: {_kind_of(value)}: {message}"
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        for key, sub in value.items():
+            child = props.get(key) if key in props else schema.get("additionalProperties")
+            if isinstance(child, dict):
+                yield from _rule_failures(child, sub, path=f"{path}.{key}" if path else key)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            yield from _rule_failures(schema["items"], item, path=f"{path}[{i}]")
+
+
+def _kind_of(value: Any) -> str:
+    """How the API server names a value in ``Invalid value:`` (``"object"`` for objects)."""
+    if isinstance(value, dict):
+        return '"object"'
+    if isinstance(value, list):
+        return '"array"'
+    return repr(value)
 
 
 def is_custom_kind(kind: str) -> bool:

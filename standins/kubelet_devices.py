@@ -11,11 +11,20 @@ flexlease issue observed it:
   for each container that requests ``n`` devices: ``GetPreferredAllocation(available=[every
   healthy, unallocated ID], must_include=[], size=n)`` when the plugin offers it and more than
   ``n`` are available (kubelet's devicemanager ``devicesToAllocate``: ``needed <
-  aligned.Len()``), then ``Allocate(devices_ids=[the n chosen])``, then ``PreStartContainer``
-  with the same IDs in another order when the plugin requires it. A preference that is not a
+  aligned.Len()``), then ``Allocate(devices_ids=[the n chosen])``. A preference that is not a
   subset of the available devices of the right size is ignored (kubelet then takes the first
-  ``n``). Too few healthy devices → :class:`AdmissionError` (kubelet's
-  UnexpectedAdmissionError); the pod is then rejected and no longer listed.
+  ``n``). Too few healthy devices, or a plugin whose endpoint stopped → :class:`AdmissionError`
+  (kubelet's UnexpectedAdmissionError); the pod is then rejected and no longer listed.
+* **Before every start of a container** holding devices (the first and every restart:
+  kubelet's ``GetDeviceRunContainerOptions`` → ``callPreStartContainerIfNeeded``,
+  ``pkg/kubelet/cm/devicemanager/manager.go``), :meth:`DeviceKubelet.pre_start_container`
+  calls ``PreStartContainer`` with the container's IDs in another order — only when the
+  plugin registered with ``pre_start_required``. When that plugin's endpoint has stopped
+  (its ``ListAndWatch`` stream ended: the plugin died or is restarting; kubelet keeps the
+  stopped endpoint) the call fails with kubelet's message, ``device plugin
+  PreStartContainer rpc failed with err: endpoint … has been stopped``
+  (:class:`PreStartError`), and the container is not created (``CreateContainerConfigError``,
+  :mod:`standins.kubelet_pods`). A plugin that does not require it is never called there.
 * As kubelet's ``HandlePodAdditions`` adds a pod to its pod manager before admitting it (and
   the device manager releases its lock around GetPreferredAllocation), PodResources ``List``
   shows the pod being admitted, without devices, while the plugin is called.
@@ -68,6 +77,11 @@ class AdmissionError(Exception):
     plugin for the resource, or a plugin call failed."""
 
 
+class PreStartError(Exception):
+    """kubelet's ``callPreStartContainerIfNeeded`` failed: the container is not created
+    (``CreateContainerConfigError``); the message is kubelet's."""
+
+
 @dataclass(slots=True)
 class Plugin:
     """One registered plugin as kubelet tracks it."""
@@ -81,6 +95,9 @@ class Plugin:
     updates: int = 0
     stream: asyncio.Task[None] | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    stopped: bool = False
+    """Its ``ListAndWatch`` stream ended (kubelet's ``PluginDisconnected``: the endpoint's stop
+    time is set; it stays registered until the plugin registers again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +273,9 @@ class DeviceKubelet:
                 plugin.changed = asyncio.Event()
         except grpc.aio.AioRpcError as exc:
             log.info("ListAndWatch ended", extra={"resource": plugin.resource, "code": exc.code().name})
+        finally:
+            plugin.stopped = True
+            plugin.changed.set()
 
     async def wait_registered(
         self, resource: str, *, registrations: int = 1, limit_s: float = 10.0
@@ -342,6 +362,11 @@ class DeviceKubelet:
         plugin = self.plugins.get(resource)
         if plugin is None:
             raise AdmissionError(f"{pod.namespace}/{pod.name}: no device plugin registered for {resource}")
+        if plugin.stopped:
+            raise AdmissionError(
+                f"{pod.namespace}/{pod.name}: UnexpectedAdmissionError: Allocate failed due to "
+                f"{self._stopped_message(plugin)}, which is unexpected"
+            )
         in_use = self._in_use(resource) | {
             d for allocations in pod.containers.values() for a in allocations for d in a.devices
         }
@@ -383,18 +408,53 @@ class DeviceKubelet:
                 f"{pod.namespace}/{pod.name}: Allocate answered "
                 f"{len(response.container_responses)} containers for 1"
             )
-        if plugin.options.pre_start_required:
+        return ContainerAllocation(resource, tuple(chosen), response.container_responses[0])
+
+    def _stopped_message(self, plugin: Plugin) -> str:
+        """kubelet's ``errEndpointStopped`` (``endpoint %v has been stopped``; kubelet prints
+        its endpoint struct, the stand-in the socket and the resource)."""
+        return f"endpoint &{{{self.plugin_dir / plugin.endpoint} {plugin.resource}}} has been stopped"
+
+    async def pre_start_container(self, namespace: str, name: str, container: str) -> None:
+        """kubelet before it creates ``container`` of the pod (each start): for each resource
+        the container was allocated, ``PreStartContainer`` when the plugin requires it (see
+        the module docstring). Raises :class:`PreStartError` with kubelet's message."""
+        pod = self._pods.get((namespace, name))
+        for allocation in pod.containers.get(container, []) if pod is not None else []:
+            plugin = self.plugins.get(allocation.resource)
+            if plugin is None:
+                raise PreStartError(
+                    f"endpoint not found in cache for a registered resource: {allocation.resource}"
+                )
+            if not plugin.options.pre_start_required:
+                continue  # "Plugin options indicate to skip PreStartContainer for resource"
+            if plugin.stopped:
+                raise PreStartError(
+                    f"device plugin PreStartContainer rpc failed with err: {self._stopped_message(plugin)}"
+                )
             pre_start = rpc.unary_call(
                 plugin.channel, rpc.DEVICE_PLUGIN, "PreStartContainer", pb.PreStartContainerResponse
             )
-            reordered = list(reversed(chosen))  # kubelet's order may differ from Allocate's
+            reordered = list(reversed(allocation.devices))  # kubelet's order is a set's
             self.calls.append(Call("PreStartContainer", devices=tuple(reordered)))
-            await pre_start(pb.PreStartContainerRequest(devices_ids=reordered), timeout=30)
-        return ContainerAllocation(resource, tuple(chosen), response.container_responses[0])
+            try:
+                await pre_start(pb.PreStartContainerRequest(devices_ids=reordered), timeout=30)
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code().name.title().replace("_", "")  # Go's names: Unavailable, …
+                raise PreStartError(
+                    "device plugin PreStartContainer rpc failed with err: "
+                    f"rpc error: code = {code} desc = {exc.details()}"
+                ) from exc
 
     def remove(self, namespace: str, name: str) -> None:
         """The pod is gone: its devices are free again (no plugin call, as in kubelet)."""
         self._pods.pop((namespace, name), None)
+
+    def allocations(self, namespace: str, name: str) -> dict[str, tuple[ContainerAllocation, ...]]:
+        """Container → what it was allocated (IDs and the plugin's response); empty when the
+        pod was not admitted."""
+        pod = self._pods.get((namespace, name))
+        return {} if pod is None else {c: tuple(a) for c, a in pod.containers.items() if a}
 
     def allocated(self, namespace: str, name: str) -> dict[str, tuple[str, ...]]:
         """Container → device IDs kubelet allocated to the pod (empty when not admitted)."""

@@ -34,6 +34,30 @@ client-go ``util/flowcontrol/backoff.go``):
   doubling to 300 s, the same ``flowcontrol.Backoff``); a sync within it pulls nothing and
   records ``BackOff`` ("Back-off pulling image …", the pod's ``ImagePullBackOff``).
 
+* **Container statuses** (``status.containerStatuses``, written by the stand-in as kubelet's
+  status manager does, JSON merge patch of the status subresource when they change): per
+  spec container ``name``, ``image`` (the spec's), ``imageID``, ``containerID``
+  (``containerd://…``), ``restartCount``, ``ready``/``started``, ``state`` and ``lastState``.
+  ``state`` is ``running``; else ``waiting`` with the reason of the last sync
+  (kubelet's reason cache: ``CrashLoopBackOff`` while in back-off, ``ErrImagePull`` /
+  ``ImagePullBackOff``, ``CreateContainerConfigError`` when the container's options could
+  not be generated, ``CreateContainerError``, ``RunContainerError`` when StartContainer
+  failed), the last exit in ``lastState``; else ``terminated`` (exit code, reason such as
+  containerd's ``StartError`` with exit code 128, message); else ``waiting``
+  (``ContainerCreating``).
+* **PLEG**: a pod whose containers changed state since the previous pass (a container died,
+  even one the last sync created) is synced at once, even within the pod worker's back-off;
+  so a container whose start failed (``StartError``) shows ``CrashLoopBackOff`` right after.
+* **Devices** (with a :class:`standins.kubelet_devices.DeviceKubelet`): a pod whose
+  containers' limits name extended resources (``<domain>/<name>``) is admitted through the
+  device manager before its sandbox is run (Allocate; one such resource per pod); a pod it
+  rejects ends ``Failed`` (``UnexpectedAdmissionError``). Before each start of a container the
+  device manager's ``PreStartContainer`` step runs; when it fails (a plugin that requires it
+  is gone) the container is not created: ``Failed`` event ``Error: device plugin
+  PreStartContainer rpc failed with err: endpoint … has been stopped`` and the waiting reason
+  ``CreateContainerConfigError``, retried after the back-off. The plugin's environment
+  variables go into the container; its device nodes and mounts do not (no GPU here).
+
 Where it differs: it polls (:meth:`StandInKubelet.sync_once`, or :meth:`run` every
 ``period_seconds``) instead of reacting to PLEG; an exit's time is when it first saw the
 container exited, on its own ``clock`` (kubelet uses the runtime's ``finished_at`` on its
@@ -50,10 +74,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 from flexlease import errors
+from flexlease.clock import format_time
 from flexlease.cri import api_pb2
 from flexlease.store.base import JsonObj, Kind, Selector, Store
 from nodeagent.cri import podspec
@@ -65,6 +91,7 @@ from nodeagent.cri.client import (
     ContainerState,
     GrpcCri,
 )
+from standins.kubelet_devices import AdmissionError, DeviceKubelet, PreStartError
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +105,23 @@ SYNC_BACKOFF_SECONDS: Final = 10.0
 the lower bound, so tests can step its clock)."""
 DEFAULT_GRACE_SECONDS: Final = 30
 """The API server's default ``terminationGracePeriodSeconds``."""
+
+# Waiting reasons (pkg/kubelet/container/sync_result.go, pkg/kubelet/images/types.go).
+CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
+ERR_IMAGE_PULL: Final = "ErrImagePull"
+IMAGE_PULL_BACK_OFF: Final = "ImagePullBackOff"
+CREATE_CONTAINER_CONFIG_ERROR: Final = "CreateContainerConfigError"
+CREATE_CONTAINER_ERROR: Final = "CreateContainerError"
+RUN_CONTAINER_ERROR: Final = "RunContainerError"
+CONTAINER_CREATING: Final = "ContainerCreating"
+
+
+class StartFailed(errors.CriError):
+    """A container could not be started; ``reason`` is kubelet's waiting reason for it."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Backoff:
@@ -163,6 +207,10 @@ class _PodState:
     ref: podspec.PodRef
     phase: str = "Running"
     exits: dict[str, float] = field(default_factory=dict)  # container id → first seen exited
+    reasons: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Container name → (waiting reason, message) of the last sync (kubelet's reason cache)."""
+    statuses: list[JsonObj] | None = None
+    """The container statuses last written to the pod."""
 
 
 class StandInKubelet:
@@ -170,8 +218,9 @@ class StandInKubelet:
 
     ``log_root``, ``cgroup_parent``: where sandboxes put logs and cgroups (the testbed's).
     ``clock``: seconds, for back-off and event times. ``period_seconds``: :meth:`run`'s sync
-    period. :attr:`events` lists what kubelet would have recorded; :attr:`starts` counts the
-    containers it started.
+    period. ``devices``: kubelet's device manager (admission, PreStartContainer), None for
+    pods without devices. :attr:`events` lists what kubelet would have recorded;
+    :attr:`starts` counts the containers it started.
     """
 
     def __init__(
@@ -184,8 +233,10 @@ class StandInKubelet:
         cgroup_parent: str = "",
         clock: Callable[[], float] = time.monotonic,
         period_seconds: float = 0.05,
+        devices: DeviceKubelet | None = None,
     ) -> None:
         self.cri = cri
+        self.devices = devices
         self.store = store
         self.node = node
         self.log_root = log_root
@@ -201,6 +252,10 @@ class StandInKubelet:
         """Pod uid → (the resourceVersion whose sync failed, when to sync it again)."""
         self.starts = 0
         self._pods: dict[str, _PodState] = {}
+        self._rejected: set[str] = set()
+        """Uids of pods the device manager refused (phase Failed)."""
+        self._relisted: dict[str, frozenset[tuple[str, ContainerState]]] = {}
+        """Sandbox id → its containers' (id, state) at the previous pass (PLEG's relist)."""
 
     def sandbox_id(self, namespace: str, name: str) -> str:
         """The sandbox the stand-in runs for the pod. Raises ``KeyError`` before the first sync."""
@@ -233,31 +288,56 @@ class StandInKubelet:
 
     async def sync_once(self) -> None:
         """One pass over the node's pods (SyncPod for each, but not for a pod whose last sync
-        failed less than :data:`SYNC_BACKOFF_SECONDS` ago). A pod's CRI or store error is
-        logged and counted (:attr:`sync_errors`) and does not stop the pass. Raises
-        ``StoreError`` when the pods cannot be listed."""
+        failed less than :data:`SYNC_BACKOFF_SECONDS` ago unless it changed or its containers
+        did — PLEG), then each pod's container statuses written when they changed. A pod's
+        CRI or store error is logged and counted (:attr:`sync_errors`) and does not stop the
+        pass. Raises ``StoreError`` when the pods cannot be listed."""
         listed = await self.store.list(Kind.POD, selector=Selector(fields={"spec.nodeName": self.node}))
         uids = {str(p["metadata"].get("uid") or "") for p in listed.items}
         for gone in set(self._retry_at) - uids:
             del self._retry_at[gone]
+        relist = await self._relist()
         for pod in listed.items:
             meta = pod["metadata"]
             key = f"{meta['namespace']}/{meta['name']}"
             uid, version = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+            if uid in self._rejected:
+                continue
+            state = self._pods.get(key)
+            changed = state is not None and relist.get(state.sandbox_id) != self._relisted.get(
+                state.sandbox_id
+            )
             failed = self._retry_at.get(uid)
-            if failed is not None and failed[0] == version and self.clock() < failed[1]:
-                continue  # in back-off; an update of the pod is synced at once, as kubelet does
+            if failed is not None and failed[0] == version and self.clock() < failed[1] and not changed:
+                continue  # in back-off; an update of the pod (or PLEG) syncs it at once, as kubelet does
+            error: Exception | None = None
             try:
                 await self.sync_pod(pod)
-            except (errors.CriError, errors.StoreError) as exc:
+            except (errors.CriError, errors.StoreError, PreStartError) as exc:
+                error = exc
+            written = await self._write_statuses(pod)
+            if error is not None:
                 self.sync_errors += 1
-                self._retry_at[uid] = (version, self.clock() + SYNC_BACKOFF_SECONDS)
+                self._retry_at[uid] = (written or version, self.clock() + SYNC_BACKOFF_SECONDS)
                 log.warning(
                     "pod sync failed; retrying after the back-off",
-                    extra={"pod": key, "node": self.node, "error": str(exc), "retry_s": SYNC_BACKOFF_SECONDS},
+                    extra={
+                        "pod": key,
+                        "node": self.node,
+                        "error": str(error),
+                        "retry_s": SYNC_BACKOFF_SECONDS,
+                    },
                 )
             else:
                 self._retry_at.pop(uid, None)
+        self._relisted = relist
+
+    async def _relist(self) -> dict[str, frozenset[tuple[str, ContainerState]]]:
+        """PLEG's relist: each sandbox's containers (id, state)."""
+        seen: dict[str, set[tuple[str, ContainerState]]] = {}
+        for c in await self.cri.list_containers():
+            seen.setdefault(c.sandbox_id, set()).add((c.id, c.state))
+        return {sandbox: frozenset(found) for sandbox, found in seen.items()}
 
     async def sync_pod(self, pod: JsonObj) -> None:
         """SyncPod: run the sandbox, kill changed containers, (re)start what should run,
@@ -266,6 +346,8 @@ class StandInKubelet:
         key = f"{meta['namespace']}/{meta['name']}"
         state = self._pods.get(key)
         if state is None:
+            if not await self._admit(pod):
+                return
             try:
                 state = await self._run_sandbox(pod)
             except errors.CriError as exc:
@@ -312,24 +394,62 @@ class StandInKubelet:
                     backoff_key = f"{meta['name']}_{meta['namespace']}_{meta['uid']}_{name}_{wanted}"
                     exited_at = state.exits.get(latest.id, self.clock())
                     if self.backoff.is_in_backoff_since(backoff_key, exited_at):
-                        self._event(
-                            key,
-                            "BackOff",
-                            name,
+                        message = (
                             f"back-off {self.backoff.get(backoff_key):g}s restarting failed container={name} "
-                            f"pod={meta['name']}_{meta['namespace']}({meta['uid']})",
+                            f"pod={meta['name']}_{meta['namespace']}({meta['uid']})"
                         )
+                        self._event(key, "BackOff", name, message)
+                        state.reasons[name] = (CRASH_LOOP_BACK_OFF, message)
                         continue
                     self.backoff.next(backoff_key, exited_at)
                 # Created or Unknown (someone else's replacement not started yet) or a restart.
                 await self._start(pod, state, container, wanted, restart_count=latest.attempt + 1)
-            except errors.CriError as exc:  # kubelet starts the other containers all the same
+            except (errors.CriError, PreStartError) as exc:  # kubelet starts the others all the same
                 failures.append(f"{name}: {exc}")
         if failures:  # SyncPod's result: every container's error together
             raise errors.CriError("; ".join(failures))
         containers = spec.get("containers") or []
         if containers and len(done) == len(containers):
             await self._end(pod, state, done)
+
+    async def _admit(self, pod: JsonObj) -> bool:
+        """The device manager's admission of a pod whose containers' limits name extended
+        resources (``<domain>/<name>``); False when it refused the pod, which then ends
+        ``Failed`` (``UnexpectedAdmissionError``). Raises ``StoreError``."""
+        meta = pod["metadata"]
+        containers = (pod.get("spec") or {}).get("containers") or []
+        wanted = {
+            str(c["name"]): {
+                r: int(v) for r, v in ((c.get("resources") or {}).get("limits") or {}).items() if "/" in r
+            }
+            for c in containers
+        }
+        resources = {r for limits in wanted.values() for r in limits}
+        if not resources:
+            return True
+        try:
+            if self.devices is None or len(resources) > 1:
+                raise AdmissionError(
+                    f"the stand-in admits one device resource per pod, not {sorted(resources)}"
+                )
+            [resource] = resources
+            requests = [(name, limits.get(resource, 0)) for name, limits in wanted.items()]
+            await self.devices.admit(meta["namespace"], meta["name"], requests, resource=resource)
+        except AdmissionError as exc:
+            await self.store.patch(
+                Kind.POD,
+                meta["name"],
+                {"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": str(exc)}},
+                namespace=meta["namespace"],
+                subresource="status",
+            )
+            self._rejected.add(str(meta.get("uid") or ""))
+            log.warning(
+                "pod rejected at admission",
+                extra={"pod": f"{meta['namespace']}/{meta['name']}", "error": str(exc)},
+            )
+            return False
+        return True
 
     async def _run_sandbox(self, pod: JsonObj) -> _PodState:
         meta = pod["metadata"]
@@ -346,7 +466,8 @@ class StandInKubelet:
 
     async def _image_id(self, pod: str, uid: str, container: str, image: str) -> str:
         """EnsureImageExists: the image ID, pulling when the image is not on the node, unless
-        a pull of it for this pod failed within the image back-off. Raises ``CriError``."""
+        a pull of it for this pod failed within the image back-off. Raises ``CriError``
+        (:class:`StartFailed` with ``ErrImagePull`` or ``ImagePullBackOff``)."""
         info = await self.cri.image_status(image)
         if info is None:
             backoff_key = f"{uid}_{image}"
@@ -354,13 +475,14 @@ class StandInKubelet:
             if self.image_backoff.is_in_backoff_since_update(backoff_key, now):
                 message = f'Back-off pulling image "{image}"'
                 self._event(pod, "BackOff", container, message)
-                raise errors.CriError(f"ImagePullBackOff: {message}")
+                raise StartFailed(IMAGE_PULL_BACK_OFF, f"ImagePullBackOff: {message}")
             try:
                 await self.cri.pull_image(image)
             except errors.CriError as exc:
                 self.image_backoff.next(backoff_key, now)
-                self._event(pod, "Failed", container, f'Failed to pull image "{image}": {exc}')
-                raise
+                message = f'Failed to pull image "{image}": {exc}'
+                self._event(pod, "Failed", container, message)
+                raise StartFailed(ERR_IMAGE_PULL, message) from exc
             info = await self.cri.image_status(image)
             if info is None:
                 raise errors.CriError(f"{image}: pulled but ImageStatus finds nothing")
@@ -369,10 +491,36 @@ class StandInKubelet:
     async def _start(
         self, pod: JsonObj, state: _PodState, container: JsonObj, spec_hash: str, *, restart_count: int
     ) -> str:
+        """startContainer: pull, generate the options (the device manager's PreStartContainer),
+        create, start. The waiting reason of a failure is kept for the container's status.
+        Raises ``CriError`` or :class:`~standins.kubelet_devices.PreStartError`."""
+        name = container["name"]
+        try:
+            cid = await self._create_and_start(pod, state, container, spec_hash, restart_count=restart_count)
+        except StartFailed as exc:
+            state.reasons[name] = (exc.reason, str(exc))
+            raise
+        except PreStartError as exc:
+            state.reasons[name] = (CREATE_CONTAINER_CONFIG_ERROR, str(exc))
+            raise
+        state.reasons.pop(name, None)
+        return cid
+
+    async def _create_and_start(
+        self, pod: JsonObj, state: _PodState, container: JsonObj, spec_hash: str, *, restart_count: int
+    ) -> str:
         name = container["name"]
         key = f"{state.ref.namespace}/{state.ref.name}"
         image_id = await self._image_id(key, state.ref.uid, name, container["image"])
         env = {str(e["name"]): str(e.get("value", "")) for e in container.get("env") or []}
+        if self.devices is not None:
+            try:  # GenerateRunContainerOptions → GetDeviceRunContainerOptions
+                await self.devices.pre_start_container(state.ref.namespace, state.ref.name, name)
+            except PreStartError as exc:
+                self._event(key, "Failed", name, f"Error: {exc}")
+                raise
+            for allocation in self.devices.allocations(state.ref.namespace, state.ref.name).get(name, ()):
+                env.update(allocation.response.envs)
         spec = podspec.ContainerSpec(
             name=name,
             image=image_id,
@@ -390,13 +538,13 @@ class StandInKubelet:
             cid = await self.cri.create_container(state.sandbox_id, config, state.sandbox_config)
         except errors.CriError as exc:
             self._event(key, "Failed", name, f"Error: {exc}")
-            raise
+            raise StartFailed(CREATE_CONTAINER_ERROR, str(exc)) from exc
         self._event(key, "Created", name, f"Created container {name}")
         try:
             await self.cri.start_container(cid)
         except errors.CriError as exc:
             self._event(key, "Failed", name, f"Error: {exc}")
-            raise
+            raise StartFailed(RUN_CONTAINER_ERROR, str(exc)) from exc
         self._event(key, "Started", name, f"Started container {name} ({image_id}, attempt {restart_count})")
         self.starts += 1
         return cid
@@ -424,8 +572,90 @@ class StandInKubelet:
         state.phase = phase  # only once recorded: a failed stop or patch is retried
         log.info("pod ended", extra={"pod": f"{meta['namespace']}/{meta['name']}", "phase": phase})
 
+    async def _write_statuses(self, pod: JsonObj) -> str | None:
+        """Write the pod's ``status.containerStatuses`` when they changed (see the module
+        docstring); the pod's resourceVersion after the write, None when nothing was written
+        (a failed write is logged and tried again at the next pass)."""
+        meta = pod["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        state = self._pods.get(key)
+        if state is None:
+            return None
+        try:
+            statuses = await self._container_statuses(pod, state)
+            if statuses == state.statuses:
+                return None
+            written = await self.store.patch(
+                Kind.POD,
+                meta["name"],
+                {"status": {"containerStatuses": statuses}},
+                namespace=meta["namespace"],
+                subresource="status",
+            )
+        except (errors.CriError, errors.StoreError) as exc:
+            log.warning("container statuses not written", extra={"pod": key, "error": str(exc)})
+            return None
+        state.statuses = statuses
+        return str(written["metadata"].get("resourceVersion") or "") or None
+
+    async def _container_statuses(self, pod: JsonObj, state: _PodState) -> list[JsonObj]:
+        found = await self.cri.list_containers(sandbox_id=state.sandbox_id)
+        out: list[JsonObj] = []
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            name = container["name"]
+            mine = sorted((c for c in found if c.name == name), key=lambda c: c.created_at_ns, reverse=True)
+            mine = [
+                await self.cri.container_status(c.id) if c.state is ContainerState.EXITED else c
+                for c in mine[:2]
+            ]
+            latest = mine[0] if mine else None
+            status: JsonObj = {
+                "name": name,
+                "image": container["image"],
+                "imageID": latest.image_ref if latest is not None else "",
+                "restartCount": latest.attempt if latest is not None else 0,
+                "ready": False,
+                "started": False,
+            }
+            if latest is not None:
+                status["containerID"] = f"containerd://{latest.id}"
+            exited = [c for c in mine if c.state is ContainerState.EXITED]
+            reason = state.reasons.get(name)
+            if latest is not None and latest.state is ContainerState.RUNNING:
+                status.update(
+                    ready=True, started=True, state={"running": {"startedAt": _time(latest.started_at_ns)}}
+                )
+                if exited:
+                    status["lastState"] = {"terminated": _terminated(exited[0])}
+            elif reason is not None:
+                status["state"] = {"waiting": {"reason": reason[0], "message": reason[1]}}
+                if exited:
+                    status["lastState"] = {"terminated": _terminated(exited[0])}
+            elif latest is not None and latest.state is ContainerState.EXITED:
+                status["state"] = {"terminated": _terminated(latest)}
+            else:
+                status["state"] = {"waiting": {"reason": CONTAINER_CREATING}}
+            out.append(status)
+        return out
+
     def _event(self, pod: str, reason: str, container: str, message: str) -> None:
         self.events.append(KubeletEvent(pod, reason, container, message, self.clock()))
+
+
+def _time(ns: int) -> str | None:
+    return format_time(datetime.fromtimestamp(ns / 1e9, UTC)) if ns > 0 else None
+
+
+def _terminated(c: ContainerInfo) -> JsonObj:
+    """A ``ContainerStateTerminated`` of an exited container (its CRI ContainerStatus)."""
+    return {
+        "exitCode": c.exit_code,
+        "reason": c.reason or ("Completed" if c.exit_code == 0 else "Error"),
+        "message": c.message,
+        "startedAt": _time(c.started_at_ns),
+        "finishedAt": _time(c.finished_at_ns),
+        "containerID": f"containerd://{c.id}",
+    }
 
 
 def _should_restart(policy: str, latest: ContainerInfo) -> bool:

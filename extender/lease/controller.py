@@ -458,6 +458,9 @@ class LeaseController:
         added = len(plan.status.supplemented_from_standby) - len(lease.status.supplemented_from_standby)
         if added > 0:
             self.metrics.supplements.inc(added)
+        returned = len(plan.status.reclaimed) - len(lease.status.reclaimed)
+        if returned > 0:
+            self.metrics.reclaimed_gpus.inc(returned)
         known = {u.key for u in lease.status.unrecoverable}
         for entry in plan.status.unrecoverable:
             if entry.key not in known:

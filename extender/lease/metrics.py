@@ -25,6 +25,7 @@ EVICTIONS_REFUSED: Final = "flexlease_lease_evictions_refused"
 EVICTIONS: Final = "flexlease_lease_evictions"
 NOTICES: Final = "flexlease_lease_preempt_notices"
 SUPPLEMENTS: Final = "flexlease_lease_standby_supplements"
+RECLAIMED_GPUS: Final = "flexlease_lease_reclaimed_gpus"
 RECONCILE_ERRORS: Final = "flexlease_lease_reconcile_errors"
 UNRECOVERABLE: Final = "flexlease_lease_unrecoverable_gpus"
 SUPERSEDED: Final = "flexlease_lease_superseded"
@@ -92,6 +93,12 @@ class LeaseMetrics:
         self.notices = Counter(NOTICES, "Graceful-reclaim notices written on LP pods.", registry=registry)
         self.supplements = Counter(
             SUPPLEMENTS, "Lent GPUs replaced one-for-one from the standby pool.", registry=registry
+        )
+        self.reclaimed_gpus = Counter(
+            RECLAIMED_GPUS,
+            "Lent GPUs back with their owner's pods after a Reclaim (the same GPU: status.reclaimed; "
+            "replacements are counted by flexlease_lease_standby_supplements_total).",
+            registry=registry,
         )
         self.reconcile_errors = Counter(
             RECONCILE_ERRORS,

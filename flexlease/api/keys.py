@@ -13,6 +13,8 @@ GPUNODE_KIND: Final = "GPUNode"
 GPUNODE_PLURAL: Final = "gpunodes"
 GPULEASE_KIND: Final = "GPULease"
 GPULEASE_PLURAL: Final = "gpuleases"
+GPULEASEPOLICY_KIND: Final = "GPULeasePolicy"
+GPULEASEPOLICY_PLURAL: Final = "gpuleasepolicies"
 
 PREFIX: Final = f"{GROUP}/"
 
@@ -44,7 +46,8 @@ RESTART_POLICY_IN_PLACE: Final = "InPlace"
 # Node labels
 LABEL_NODE_DEVICE_PLUGIN: Final = PREFIX + "device-plugin"
 """``"true"`` on GPU nodes whose ``nvidia.com/gpu`` flexlease's device plugin serves instead of
-NVIDIA's: the agent DaemonSet's node selector (README, "Migrating from NVIDIA's device plugin")."""
+NVIDIA's: the agent DaemonSet's node selector (docs: getting-started/install.md, "Migrating
+from NVIDIA's device plugin")."""
 
 # Pod annotations
 ANN_RELIABILITY: Final = PREFIX + "reliability"
@@ -96,16 +99,23 @@ ANN_ROLLOUT_STATUS: Final = PREFIX + "rollout-status"
 ``current``, ``lastError``, ``skipped``, ``restartSeconds``...), on the StatefulSet for an image
 edit and on the GPULease for the reconfiguration after it."""
 
+# GPULease annotations (written by the lease controller and the orchestrator)
+ANN_LEND_BASELINE: Final = PREFIX + "lend-baseline"
+"""On a ``Lend`` lease with ``spec.count``: the GPUs the owner's pods held when the controller
+first saw the lease, ``<node>:<idx>,<idx>;<node>:<idx>`` (released GPUs are taken from these)."""
+
 ANN_ORCHESTRATION_STATUS: Final = PREFIX + "orchestration-status"
 """On a GPULease: the orchestrator run its completion started for the owner's job (JSON:
 ``leaseUID``, ``leaseGeneration``, ``profile``, ``phase`` Running/Succeeded/Failed/Refused,
 ``replicas``, ``commands``, ``done`` steps, ``message``...), written by the extender's leader
 (:mod:`extender.orchestrator.relaunch`); a final phase for the lease's generation is never rerun."""
 
-# GPULease annotations (written by the lease controller)
-ANN_LEND_BASELINE: Final = PREFIX + "lend-baseline"
-"""On a ``Lend`` lease with ``spec.count``: the GPUs the owner's pods held when the controller
-first saw the lease, ``<node>:<idx>,<idx>;<node>:<idx>`` (released GPUs are taken from these)."""
+# GPULease labels (written by the lease autopilot, extender.autopilot)
+LABEL_POLICY: Final = PREFIX + "policy"
+"""On a GPULease the lease autopilot wrote: the name of its ``GPULeasePolicy`` (same namespace)."""
+LABEL_POLICY_SEQUENCE: Final = PREFIX + "policy-sequence"
+"""On a GPULease the lease autopilot wrote: its decision's sequence number (decimal), so the next
+lease's name is never one the policy used before, even when its status write was lost."""
 
 PRIORITY_HIGH: Final = "high"
 PRIORITY_LOW: Final = "low"

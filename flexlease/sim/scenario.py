@@ -10,8 +10,11 @@ from typing import Final
 from flexlease.api.tiers import Tier
 from flexlease.sim.traces import DAY
 
-DEFAULT_DATA_DIR: Final = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-"""``../shared/data`` relative to the repository root."""
+DEFAULT_DATA_DIR: Final = Path(__file__).resolve().parents[2] / "data"
+"""The repository's ``data/`` folder (the trace extracts, each with a page giving its source and
+licence: ``data/README.md``). It is found from this file, so a run from a clone (editable install
+or ``PYTHONPATH``) reads it; an installed wheel carries no data, and the simulator then falls back
+to synthetic arrivals and says so in its report."""
 
 
 TIDE_KINDS: Final = ("fig2", "irregular")

@@ -1,6 +1,7 @@
 """Low-priority job arrivals and cluster-utilisation signals from public traces (pure parsing).
 
-Inputs are the CSV extracts in ``../shared/data`` (see its README.md): ``jobs_philly.csv``
+Inputs are the CSV extracts in the repository's ``data/`` folder (one page per file there gives
+its source, licence and columns; ``data/README.md``): ``jobs_philly.csv``
 and ``jobs_alibaba_crux2023.csv`` (columns ``submit_time_s, gpus, duration_s, ...``; seconds)
 and the Helios/Philly utilisation series (``time_s, mean_util, ...``; ratio 0–1). Parsing takes
 text, so it is tested without files; :func:`read_text` is the only file access.

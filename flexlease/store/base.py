@@ -42,6 +42,7 @@ class Kind(enum.StrEnum):
     POD = "Pod"
     GPUNODE = "GPUNode"  # flexlease.io/v1alpha1, cluster-scoped
     GPULEASE = "GPULease"  # flexlease.io/v1alpha1, namespaced
+    GPULEASEPOLICY = "GPULeasePolicy"  # flexlease.io/v1alpha1, namespaced (the lease autopilot)
     EVENT = "Event"  # core/v1 (write-mostly; list/watch supported for tests)
     LEASE = "Lease"  # coordination.k8s.io/v1, for leader election
     PDB = "PodDisruptionBudget"  # policy/v1, consulted by evict

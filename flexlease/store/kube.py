@@ -36,7 +36,7 @@ HTTP failures map to :mod:`flexlease.errors` (404 ``NotFound``, 409 ``Conflict``
 kubernetes_asyncio's ``ApiException`` (status, headers, the ``Status`` body) chained;
 transport failures and timeouts raise ``StoreError`` with the aiohttp error chained.
 Responses and watch lines are decoded by :func:`flexlease.jsontext.loads`: what ``json.loads``
-reads, through orjson where the two agree (README, "Extender speed, twelfth round").
+reads, through orjson where the two agree (docs/results/benchmarks.md, round 12).
 
 The proxy environment (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``) is read once, when the
 store is built, as client-go reads it once per process, and by client-go's rules
@@ -555,7 +555,7 @@ def _environment_read_once(api: ApiClient) -> None:
     ``trust_env=True``, and aiohttp then looks up ``~/.netrc`` (for any request without a
     ``BasicAuth``: bearer tokens travel as a header) and the proxy variables on every request,
     each in a worker thread: two thread hand-offs, a file read and the loop's wake-up per API
-    call (README, "Extender speed, eleventh round"). client-go reads the proxy variables once
+    call (docs/results/benchmarks.md, round 11). client-go reads the proxy variables once
     per process (``http.ProxyFromEnvironment``) and never reads ``.netrc``. So here a session
     with ``trust_env=False`` on the same connector, with the library session's timeout,
     headers, cookie jar and decompression, takes the library's place, and :func:`_env_proxy`

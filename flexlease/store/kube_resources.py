@@ -88,6 +88,14 @@ RESOURCES: Final[dict[Kind, Resource]] = {
             status_subresource=True,
         ),
         Resource(
+            kind=Kind.GPULEASEPOLICY,
+            group=keys.GROUP,
+            version=keys.VERSION,
+            plural=keys.GPULEASEPOLICY_PLURAL,
+            namespaced=True,
+            status_subresource=True,
+        ),
+        Resource(
             kind=Kind.EVENT,
             group="",
             version="v1",

@@ -29,7 +29,7 @@ SHARED_EVENT_OBJECTS: Final = 32
 not delivered them yet (a watch further behind decodes its own). Watches that keep up take
 each change within a few writes; the kept objects are young trees of dicts for the garbage
 collector of the process under test (256 made the extender benchmark's longest collection
-7.5 ms where 32 makes it 5.3, and its GC CPU a half larger: README, "ninth round")."""
+7.5 ms where 32 makes it 5.3, and its GC CPU a half larger: docs/results/benchmarks.md, round 9)."""
 
 _Entry = tuple[JsonObj, str]
 """A stored object, decoded afresh from its JSON text, and that text. The store keeps only
@@ -119,7 +119,7 @@ class MemoryStore:
         """Each object's JSON text, as the API server's storage keeps bytes: a verb decodes the
         objects it needs. No dicts: the store runs inside the process under test (the
         extender's benchmark), whose garbage collector would otherwise traverse a fresh tree
-        of dicts and lists for every write (README, "ninth round")."""
+        of dicts and lists for every write (docs/results/benchmarks.md, round 9)."""
         self._revision = semantics.FIRST_REVISION
         self._compacted = semantics.FIRST_REVISION
         """Watches may start from any revision ≥ this; ``_history[i]`` is revision compacted+1+i."""

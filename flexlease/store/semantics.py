@@ -33,6 +33,7 @@ API_VERSIONS: Final[Mapping[Kind, str]] = {
     Kind.POD: "v1",
     Kind.GPUNODE: keys.API_VERSION,
     Kind.GPULEASE: keys.API_VERSION,
+    Kind.GPULEASEPOLICY: keys.API_VERSION,
     Kind.EVENT: "v1",
     Kind.LEASE: "coordination.k8s.io/v1",
     Kind.PDB: "policy/v1",
@@ -49,6 +50,7 @@ STATUS_SUBRESOURCE: Final = frozenset(
         Kind.POD,
         Kind.GPUNODE,
         Kind.GPULEASE,
+        Kind.GPULEASEPOLICY,
         Kind.NODE,
         Kind.STATEFULSET,
         Kind.PYTORCHJOB,  # +kubebuilder:subresource:status in training-operator's types

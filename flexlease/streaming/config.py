@@ -8,7 +8,7 @@ durable name, which keys its committed offset and its staging stream), plus an o
 ``flexlease.io/staging-margin-seconds`` (default :data:`DEFAULT_MARGIN_SECONDS`).
 
 W_stage = W + margin, where W is the prelaunch window (formulas 1–3,
-:func:`nodeagent.prelaunch.prelaunch_window`); the staging stream holds W_stage seconds of the
+:func:`flexlease.prelaunch.prelaunch_window`); the staging stream holds W_stage seconds of the
 job's measured input rate, in records and in bytes.
 """
 

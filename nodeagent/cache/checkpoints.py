@@ -7,14 +7,15 @@ sha256. Downloads go through fsspec URLs (``file://``, ``http(s)://`` via fsspec
 aiohttp-based HTTP filesystem, and object stores such as ``s3://`` or ``gs://`` when their
 fsspec plugin is installed), run in a worker thread, and are published atomically:
 streamed to a temporary name in the cache directory while hashed, verified (sha256 and, when
-given, size), fsynced, then renamed into place with its metadata. Concurrent requests for
-one checkpoint share one download.
+given, size), fsynced, then renamed into place, its metadata written through
+:mod:`flexlease.atomicfile` (unique temp file, fsync, rename, directory fsync), one writer at
+a time. Concurrent requests for one checkpoint share one download.
 
 On disk, for checkpoint id ``I`` (percent-encoded as ``Q``): ``Q.ckpt`` (data) and
 ``Q.json`` (``{"id", "sha256", "sizeBytes", "url"}``); the data file's mtime is its last use,
-so LRU order survives restarts. Partial downloads (``.partial-*``) and halves of entries are
-removed when the cache opens. Evicting a file another process still has open is safe (POSIX
-unlink).
+so LRU order survives restarts. Partial downloads (``.partial-*``), temp files of
+interrupted metadata writes and halves of entries are removed when the cache opens. Evicting
+a file another process still has open is safe (POSIX unlink).
 
 Metrics (prefix ``flexlease_``, injected registry): requests by result (hit, miss, shared),
 hit ratio (``η_ckpt`` of formula 2), used/capacity bytes, entries, evictions, fetch
@@ -43,7 +44,7 @@ from urllib.parse import quote
 import fsspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from flexlease import errors
+from flexlease import atomicfile, errors
 from flexlease.logging import ctx
 from nodeagent.cache.rate import EwmaRate
 from nodeagent.cache.singleflight import SingleFlight
@@ -279,7 +280,7 @@ class CheckpointCache:
         for name in sorted(names):
             path = self.directory / name
             orphan_meta = name.endswith(_META) and name[: -len(_META)] + _DATA not in names
-            if name.startswith(_PARTIAL) or orphan_meta:
+            if name.startswith(_PARTIAL) or atomicfile.is_temp(name) or orphan_meta:
                 path.unlink(missing_ok=True)
                 dropped.append(name)
             elif name.endswith(_DATA):
@@ -392,7 +393,8 @@ class CheckpointCache:
                 abort.set()  # the worker thread stops at its next chunk and removes its file
                 raise
             meta = {"id": checkpoint_id, "sha256": digest, "sizeBytes": nbytes, "url": url}
-            await asyncio.to_thread(self._publish, tmp, data_path, meta_path, meta)
+            async with self._lock:  # one writer at a time: not beside an eviction of the id
+                await asyncio.to_thread(self._publish, tmp, data_path, meta_path, meta)
         except asyncio.CancelledError:
             raise
         except errors.FlexleaseError:
@@ -480,21 +482,17 @@ class CheckpointCache:
         return nbytes
 
     def _publish(self, tmp: Path, data_path: Path, meta_path: Path, meta: dict[str, Any]) -> None:
-        meta_tmp = self.directory / f"{_PARTIAL}{uuid.uuid4().hex}{_META}"
-        with open(meta_tmp, "w") as f:
-            json.dump(meta, f)
-            f.flush()
-            os.fsync(f.fileno())
+        """Rename the verified download into place and write its metadata through
+        :class:`~flexlease.atomicfile.AtomicFile` (unique temp file, fsync, rename, directory
+        fsync). Runs in a worker thread, under the cache's lock (one writer at a time)."""
         # Replace an older version: its metadata goes first, so a crash in between leaves a
         # data file without metadata (dropped at open), never new data under old metadata.
-        meta_path.unlink(missing_ok=True)
-        os.replace(tmp, data_path)
-        os.replace(meta_tmp, meta_path)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
+        meta_file = atomicfile.AtomicFile(meta_path)
+        with meta_file.locked() as dir_fd:
+            meta_path.unlink(missing_ok=True)
+            os.replace(tmp, data_path)
             os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        meta_file.replace(json.dumps(meta).encode())
 
     # --- eviction --------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """Agent component ``cache``: the node's CRI connection, image puller and checkpoint cache,
-and ``GPUNode.status.cache`` (``images``, ``checkpoints``) for cache-aware placement.
+``GPUNode.status.cache`` (``images``, ``checkpoints``) for cache-aware placement, and
+``GPUNode.status.prelaunch`` (the node's measured registry and storage throughputs, its assumed
+bandwidths and its images' sizes) for the lease autopilot's lead time (prelaunch window W).
 
 :class:`NodeRuntime` is shared by this component and ``hotrestart``
 (:mod:`nodeagent.hotrestart.component`): one CRI channel, one :class:`ImagePuller`, one
@@ -12,6 +14,7 @@ checkpoint cache is open, whether or not containerd is up yet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,6 +27,7 @@ from flexlease.store.base import Kind, Store
 from nodeagent.cache.checkpoints import CheckpointCache, CheckpointMetrics
 from nodeagent.cache.images import ImageMetrics, ImagePuller
 from nodeagent.cri.client import GrpcCri
+from nodeagent.prelaunch import Bandwidths
 
 if TYPE_CHECKING:
     from nodeagent.context import AgentContext
@@ -93,6 +97,29 @@ def cache_status(images: list[str], checkpoints: list[dict[str, Any]]) -> dict[s
     return {"images": images, "checkpoints": checkpoints}
 
 
+def prelaunch_status(
+    image_bytes: dict[str, int],
+    *,
+    registry_bps: float | None,
+    storage_bps: float | None,
+    assumed: Bandwidths,
+) -> dict[str, Any]:
+    """``GPUNode.status.prelaunch`` (:class:`flexlease.api.resources.PrelaunchStatus`): the
+    measured registry (``registry_bps``) and storage (``storage_bps``) throughputs in bytes per
+    second where there are some (else the ``assumed`` ones), the assumed network and GPU
+    bandwidths and T_gpu_adj, and the images' sizes in bytes."""
+    measured = [name for name, value in (("registry", registry_bps), ("storage", storage_bps)) if value]
+    return {
+        "netBytesPerSecond": assumed.net_bps,
+        "registryBytesPerSecond": registry_bps or assumed.registry_bps,
+        "storageBytesPerSecond": storage_bps or assumed.storage_bps,
+        "gpuBytesPerSecond": assumed.gpu_bps,
+        "gpuAdjustSeconds": assumed.gpu_adjust_seconds,
+        "measured": measured,
+        "imageBytes": image_bytes,
+    }
+
+
 class CacheComponent:
     """Agent component ``cache``: opens the checkpoint cache, keeps the CRI probe running and
     publishes ``GPUNode.status.cache`` every ``interval_seconds`` when it changed."""
@@ -124,18 +151,30 @@ class CacheComponent:
                 await self.publish(store, node)
             except (errors.CriError, errors.StoreError) as exc:
                 log.warning("GPUNode cache status not published", extra=ctx(node=node, error=str(exc)))
-            await asyncio.sleep(self._interval)
+            if self.runtime.connected.is_set():
+                await asyncio.sleep(self._interval)
+            else:  # publish the images as soon as containerd answers, not an interval later
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.runtime.connected.wait(), self._interval)
 
     async def publish(self, store: Store, node: str) -> bool:
-        """Patch ``status.cache`` of the node's GPUNode when it changed; returns whether it
-        wrote. Skips (False) while the GPUNode does not exist yet (the status component
-        creates it). Raises ``CriError``/``StoreError``."""
-        images = await self.runtime.images.inventory() if self.runtime.connected.is_set() else []
-        desired = cache_status(images, self.runtime.checkpoints.inventory())
+        """Patch ``status.cache`` and ``status.prelaunch`` of the node's GPUNode when they
+        changed; returns whether it wrote. Skips (False) while the GPUNode does not exist yet
+        (the status component creates it). Raises ``CriError``/``StoreError``."""
+        sizes = await self.runtime.images.sizes() if self.runtime.connected.is_set() else {}
+        desired = {
+            "cache": cache_status(sorted(sizes), self.runtime.checkpoints.inventory()),
+            "prelaunch": prelaunch_status(
+                sizes,
+                registry_bps=self.runtime.images.registry_rate.value,
+                storage_bps=self.runtime.checkpoints.storage_rate.value,
+                assumed=Bandwidths(),
+            ),
+        }
         if desired == self._published:
             return False
         try:
-            await store.patch(Kind.GPUNODE, node, {"status": {"cache": desired}}, subresource="status")
+            await store.patch(Kind.GPUNODE, node, {"status": desired}, subresource="status")
         except errors.NotFound:
             return False
         self._published = desired

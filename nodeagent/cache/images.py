@@ -193,10 +193,14 @@ class ImagePuller:
     async def inventory(self) -> list[str]:
         """The node's images for ``GPUNode.status.cache.images``: every repo tag, sorted
         (images known only by digest are listed by their first repo digest)."""
-        names: set[str] = set()
+        return sorted(await self.sizes())
+
+    async def sizes(self) -> dict[str, int]:
+        """The node's images by the names :meth:`inventory` lists, each with the runtime's
+        size in bytes (``GPUNode.status.prelaunch.imageBytes``: S_img of formula 1)."""
+        out: dict[str, int] = {}
         for image in await self._images.list_images():
-            if image.repo_tags:
-                names.update(image.repo_tags)
-            elif image.repo_digests:
-                names.add(image.repo_digests[0])
-        return sorted(names)
+            names = image.repo_tags or image.repo_digests[:1]
+            for name in names:
+                out[name] = image.size_bytes
+        return out

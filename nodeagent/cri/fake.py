@@ -23,14 +23,19 @@ containerd behaviours reproduced, with their source (``containerd/containerd``, 
   0 kills at once (``container_stop.go``). A process ended by a signal exits 128 + signal:
   143 after SIGTERM, 137 after SIGKILL, with reason ``Error`` (any non-zero exit; 0 gives
   ``Completed``). StopPodSandbox kills its containers at once (137). Stop and remove are
-  idempotent; NOT_FOUND for unknown ids; one (name, attempt) per sandbox.
+  idempotent; NOT_FOUND for unknown ids; one (name, attempt) per sandbox;
+* StartContainer of a container whose process cannot be started (an image whose entrypoint
+  does not exist) fails, and the container is left exited with exit code 128, reason
+  ``StartError`` and the runtime's message (``container_start.go``; seen on containerd
+  1.6.20).
 
 Scripting: ``registry`` holds the images a pull can fetch (reference → size in bytes);
 ``pull_gate`` (an ``asyncio.Event``) holds pulls until set; ``fail`` maps a method name to
 the ``CriError`` its next call raises; ``ignores_sigterm`` names containers whose process
 ignores SIGTERM (so StopContainer waits out its timeout, through ``sleep``, and kills);
 ``sigterm_exit`` gives the exit code of a container that traps SIGTERM and exits by itself;
-``stops`` records each StopContainer as ``(container id, timeout seconds)``.
+``stops`` records each StopContainer as ``(container id, timeout seconds)``; ``unstartable``
+names images (any reference the image is known by) whose containers fail to start.
 """
 
 from __future__ import annotations
@@ -118,6 +123,8 @@ class FakeCri:
         """Container name → the exit code its process exits with when it traps SIGTERM
         (default: it dies of the signal, 143)."""
         self.stops: list[tuple[str, int]] = []
+        self.unstartable: set[str] = set()
+        """Images whose entrypoint does not exist: StartContainer fails with StartError."""
         self._sleep = sleep
         self.sandboxes: dict[str, SandboxInfo] = {}
         self.sandbox_configs: dict[str, api_pb2.PodSandboxConfig] = {}
@@ -278,6 +285,22 @@ class FakeCri:
         c = self._container(container_id)
         if c.state is not ContainerState.CREATED:
             raise errors.CriError(f"container {container_id} is in state {c.state.value}, not CREATED")
+        broken = {info.id for ref in self.unstartable if (info := self._resolve(ref)) is not None}
+        if c.image_ref in broken:
+            message = (
+                "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+                'runc create failed: unable to start container process: exec: "/bin/no-such-entrypoint": '
+                "stat /bin/no-such-entrypoint: no such file or directory: unknown"
+            )
+            self.containers[container_id] = replace(
+                c,
+                state=ContainerState.EXITED,
+                finished_at_ns=time.time_ns(),
+                exit_code=128,
+                reason="StartError",
+                message=message,
+            )
+            raise errors.CriError(f"CRI StartContainer {container_id}: UNKNOWN: {message}")
         self.containers[container_id] = replace(c, state=ContainerState.RUNNING, started_at_ns=time.time_ns())
 
     async def stop_container(self, container_id: str, *, timeout_seconds: int) -> None:

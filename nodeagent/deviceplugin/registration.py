@@ -8,8 +8,9 @@ there and, when it restarts, deletes the plugins' sockets in that directory and 
 1. wait until ``kubelet.sock`` exists (polling every ``device_plugin_poll_seconds``);
 2. serve the DevicePlugin service on ``<dir>/<device_plugin_socket>`` (a stale file of that
    name is removed first);
-3. ``Register(version=v1beta1, endpoint=<socket file name>, resource_name, options)``; a failed
-   registration is counted, logged and retried after the poll interval;
+3. ``Register(version=v1beta1, endpoint=<socket file name>, resource_name, options)`` (preferred
+   allocation, no PreStartContainer: kubelet starts GPU containers while the agent is away); a
+   failed registration is counted, logged and retried after the poll interval;
 4. watch both files: when the plugin's socket disappears or ``kubelet.sock`` is replaced (a new
    inode) or removed, stop serving and start over at 1.
 """
@@ -29,7 +30,7 @@ from flexlease.logging import ctx
 from nodeagent.deviceplugin import deviceplugin_pb2 as pb
 from nodeagent.deviceplugin import rpc
 from nodeagent.deviceplugin.metrics import DevicePluginMetrics
-from nodeagent.deviceplugin.server import DevicePluginService
+from nodeagent.deviceplugin.server import DevicePluginService, plugin_options
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ class PluginEndpoint:
             version=API_VERSION,
             endpoint=self.socket.name,
             resource_name=self._settings.gpu_resource,
-            options=pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True),
+            options=plugin_options(),
         )
         try:
             async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}") as channel:

@@ -1,6 +1,13 @@
 """The ``v1beta1.DevicePlugin`` gRPC service kubelet calls on the plugin's socket.
 
-* ``GetDevicePluginOptions``: preferred allocation available, PreStartContainer required.
+* ``GetDevicePluginOptions`` (:func:`plugin_options`, also sent with the registration): preferred
+  allocation available; PreStartContainer **not** required. kubelet calls a plugin that
+  requires it before every start of a container holding its devices
+  (``callPreStartContainerIfNeeded``), and fails that start
+  (``CreateContainerConfigError: device plugin PreStartContainer rpc failed … has been
+  stopped``) while the plugin is away; so with it required, a GPU container that died while
+  the agent was down (a rollout, a crash, an OOM kill) stayed down until the agent came back.
+  The answer never depended on the agent anyway: kubelet restarts GPU containers without it.
 * ``ListAndWatch``: the node's GPUs as devices (ID = NVML UUID; ``Healthy`` only when the
   health board says so: ``Unhealthy`` and ``Unknown`` are sent as ``Unhealthy``), sent at once
   and again at every change of the board, so a GPU that fails stops being allocatable and one
@@ -13,8 +20,9 @@
   ``NVIDIA_VISIBLE_DEVICES`` (and device nodes / CDI names when configured). Devices that are
   no pod's assignment are still allocated (kubelet decided; refusing would fail the pod) and
   counted as ``unmatched``; the PodResources reconcile writes the truth back.
-* ``PreStartContainer``: checks the device set (kubelet may reorder it) against what was
-  allocated, and answers.
+* ``PreStartContainer``: served for callers that make it anyway (kubelet does not: the option
+  is off); checks the device set (kubelet may reorder it) against what was allocated, and
+  answers.
 
 When no pod fits yet, or only pods that kubelet does not list (the agent's pod watch trailing
 kubelet's: the pod being admitted is not in the pod book yet), the answer waits up to
@@ -44,6 +52,13 @@ from nodeagent.deviceplugin.response import container_response
 from nodeagent.health.board import NodeBoard
 
 log = logging.getLogger(__name__)
+
+
+def plugin_options() -> pb.DevicePluginOptions:
+    """The plugin's options (registration and ``GetDevicePluginOptions``): preferred
+    allocation available, PreStartContainer not required (see the module docstring)."""
+    return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
 
 _T = TypeVar("_T")
 
@@ -125,7 +140,7 @@ class DevicePluginService:
     # -- DevicePlugin -------------------------------------------------------------------
 
     async def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
+        return plugin_options()
 
     async def ListAndWatch(self, request: pb.Empty, context: Any) -> AsyncIterator[pb.ListAndWatchResponse]:
         changed = self._board.subscribe()

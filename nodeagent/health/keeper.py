@@ -6,6 +6,13 @@ Encoding and writing go through ``asyncio.to_thread`` (JSON of frozen values, fs
 two-week ledger of a GPU flapping every five minutes is about 300 KiB per GPU. A failed write
 is logged at error level and retried at the next tick; the previous file stays whole (atomic
 rename).
+
+**Stopping.** Cancelling the keeper does not stop a periodic write already running in its
+worker thread. The final write therefore goes through the same :class:`LedgerFile`, whose
+writes take one lock per file: it waits for the write in flight, then replaces it with the
+newer content (each write has its own temp file, so neither can corrupt the other). Should
+the final write win the lock first, the periodic one, older by its ``writtenAt``, is skipped
+instead of putting older content back.
 """
 
 from __future__ import annotations
@@ -62,12 +69,15 @@ class LedgerKeeper:
     @staticmethod
     def _encode_and_save(ctx: AgentContext, snapshot: dict[int, ledger.DeviceLedger], *, now: float) -> None:
         """Worker thread: JSON-encode the snapshot (frozen values) and write it atomically."""
-        ctx.ledger_file.save(ledger.encode(ctx.board.node, snapshot, written_at=now))
+        ctx.ledger_file.save(ledger.encode(ctx.board.node, snapshot, written_at=now), written_at=now)
 
     def _final_write(self, ctx: AgentContext) -> None:
-        """Synchronous: runs while the task is being cancelled (a small file, one fsync)."""
+        """Synchronous, so that a second cancellation cannot interrupt it: runs while the task
+        is being cancelled, after the write in flight (the file's lock; a small file, one
+        fsync)."""
+        now = ctx.clock.now()
         try:
-            ctx.ledger_file.save(ctx.board.ledger.encode(ctx.clock.now()))
+            ctx.ledger_file.save(ctx.board.ledger.encode(now), written_at=now)
         except OSError as exc:
             log.error(
                 "final availability ledger write failed; the time since the last write will count as unknown",

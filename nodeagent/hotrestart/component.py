@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from flexlease import errors
 from flexlease.api import keys
+from flexlease.prelaunch import PrelaunchInputs, prelaunch_window
 from flexlease.store.base import JsonObj
 from flexlease.store.kube_util import EventRecorder
 from flexlease.streaming.jetstream import JetStreamBroker
@@ -22,7 +23,7 @@ from nodeagent.cache.component import CacheComponent, NodeRuntime
 from nodeagent.hotrestart.controller import HotRestartController, HotRestartMetrics
 from nodeagent.hotrestart.model import Strategy
 from nodeagent.hotrestart.restarter import HotRestarter
-from nodeagent.prelaunch import Bandwidths, PrelaunchInputs, prelaunch_window
+from nodeagent.prelaunch import Bandwidths
 from nodeagent.reclaim import ReclaimPrelaunch
 from nodeagent.staging import Stager, StagingMetrics
 
@@ -90,6 +91,8 @@ class HotRestartComponent:
             self.runtime.cri,
             self.runtime.images,
             checkpoints=self.runtime.checkpoints,
+            kubelet_wait_seconds=s.hot_restart_kubelet_wait_seconds,
+            rollback=s.hot_restart_rollback,
         )
 
         strategy = None if s.hot_restart_strategy == "auto" else Strategy(s.hot_restart_strategy)
@@ -104,6 +107,7 @@ class HotRestartComponent:
                 metrics=self.metrics,
                 events=EventRecorder(ctx.store, component="flexlease-agent", instance=ctx.node),
                 staging=staging,
+                rollback=s.hot_restart_rollback,
             )
 
         if s.staging_nats_url is None:

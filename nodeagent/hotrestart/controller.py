@@ -15,19 +15,27 @@ kept in memory and written again without redoing the work.
 
 For the ``kubelet`` strategy the controller also writes the pod spec's container image (a
 JSON merge patch of ``spec.containers`` with the pod's ``resourceVersion`` as precondition:
-the agent's RBAC needs ``patch`` on pods, which it has for the status annotation). Refusals
+the agent's RBAC needs ``patch`` on pods, which it has for the status annotation), and reads
+kubelet's container status from its own pod watch (no API call) while it waits. Refusals
 (``direct`` on a kubelet's sandbox, a same-image restart of an ``OnFailure``/``Never`` pod, …)
 and failures are also recorded as Warning Events on the pod (``HotRestartRefused``,
 ``HotRestartFailed``).
+
+**Undo.** A kubelet restart that fails after the spec was patched is reported ``Failed`` at
+once, with ``rollback: {phase: InProgress, image: <previousSpecImage>}``; then the previous
+image is written back and kubelet's restart of it confirmed, and the status written again
+with the rollback's result (``rollback=False``: reported only). A rollback under way when the
+agent stopped is resumed by the next reconcile; so is a replacement found failed on resuming.
+The direct strategy rolls back inside the restarter.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -46,18 +54,28 @@ from nodeagent.cri.client import (
     RuntimeService,
     SandboxState,
 )
-from nodeagent.hotrestart.decide import Adopt, Fail, PodFacts, Restart, RuntimeView, Skip, decide
-from nodeagent.hotrestart.kubelet import image_patch, restart_policy, spec_image
+from nodeagent.hotrestart.decide import (
+    Adopt,
+    Fail,
+    PodFacts,
+    Restart,
+    RollBack,
+    RuntimeView,
+    Skip,
+    decide,
+)
+from nodeagent.hotrestart.kubelet import container_status, image_patch, restart_policy, spec_image
 from nodeagent.hotrestart.model import (
     HotRestartRequest,
     HotRestartStatus,
     Phase,
+    RollbackStatus,
     Strategy,
     parse_request,
     parse_status,
 )
 from nodeagent.hotrestart.queue import WorkQueue
-from nodeagent.hotrestart.restarter import HotRestarter, Outcome
+from nodeagent.hotrestart.restarter import HotRestarter, Outcome, Progress, Rollback
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +136,21 @@ def _running(containers: tuple[ContainerInfo, ...]) -> list[ContainerInfo]:
     return sorted((c for c in containers if c.state is ContainerState.RUNNING), key=lambda c: c.attempt)
 
 
+def _rollback_status(back: Rollback | None) -> RollbackStatus | None:
+    """The status of a rollback the restarter did itself (direct strategy)."""
+    if back is None:
+        return None
+    ran = back.container
+    return RollbackStatus(
+        phase=Phase.SUCCEEDED if back.succeeded else Phase.FAILED,
+        image=back.image,
+        container_id=ran.id if ran is not None else None,
+        attempt=ran.attempt if ran is not None else None,
+        seconds=round(back.seconds, 4),
+        message=back.message or None,
+    )
+
+
 def pending_request(pod: JsonObj) -> bool:
     """Whether the pod carries a hot-restart request without a final status for its id
     (cheap pre-check on watch events; reconcile decides for real)."""
@@ -131,7 +164,7 @@ def pending_request(pod: JsonObj) -> bool:
         status = parse_status(ann.get(keys.ANN_HOT_RESTART_STATUS))
         return status is None or status.id != ""
     status = parse_status(ann.get(keys.ANN_HOT_RESTART_STATUS))
-    return status is None or status.id != request.id or not status.phase.final
+    return status is None or status.id != request.id or not status.phase.final or status.rolling_back
 
 
 class HotRestartController:
@@ -142,6 +175,8 @@ class HotRestartController:
     ``default_strategy``: for requests that name none; None picks by the sandbox's owner
     (kubelet's → ``kubelet``, ``flexlease.io/no-kubelet`` → ``direct``). ``images``: the CRI
     ImageService (default ``runtime``). ``events``: where refusals and failures are recorded.
+    ``rollback``: whether a kubelet restart that failed after the spec patch is undone (the
+    previous image written back), and a failed replacement found on resuming too.
     """
 
     def __init__(
@@ -158,6 +193,7 @@ class HotRestartController:
         backoff: Backoff = RETRY_BACKOFF,
         metrics: HotRestartMetrics | None = None,
         staging: RestartStaging | None = None,
+        rollback: bool = True,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if not node:
@@ -176,6 +212,7 @@ class HotRestartController:
         self._now = now
         self._metrics = metrics
         self._staging = staging
+        self._rollback = rollback
         self._queue: WorkQueue[ObjectKey] = WorkQueue()
         self._failures: dict[ObjectKey, int] = {}
         self._unwritten: dict[ObjectKey, HotRestartStatus] = {}
@@ -274,15 +311,30 @@ class HotRestartController:
             await self._write(namespace, name, unwritten)
             self._unwritten.pop(key, None)
             return
-        if status is not None and status.id == request.id and status.phase.final:
+        ours = status if status is not None and status.id == request.id else None
+        if ours is not None and ours.phase.final and not ours.rolling_back:
             return
 
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         view = await self._view(uid, request.container, request.image)
         facts = PodFacts(restart_policy(pod), spec_image(pod, request.container))
-        decision = decide(request, status, view, default_strategy=self._strategy, pod=facts)
+        decision = decide(
+            request, status, view, default_strategy=self._strategy, pod=facts, rollback=self._rollback
+        )
         base = self._base_status(request, status, view)
         if isinstance(decision, Skip):
+            return
+        if isinstance(decision, Fail) and ours is not None and ours.rolling_back:
+            assert ours.rollback is not None
+            rollback = ours.rollback.model_copy(update={"phase": Phase.FAILED, "message": decision.message})
+            await self._write_final(
+                key, ours.model_copy(update={"rollback": rollback, "finished_at": self._now()})
+            )
+            log.warning("hot restart rollback failed", extra=ctx(pod=pod_name, reason=decision.message))
+            return
+        if isinstance(decision, RollBack):
+            assert ours is not None  # a rollback is only decided for this request's status
+            await self._resume_rollback(key, decision, ours, pod, request, pod_name=pod_name)
             return
         if isinstance(decision, Fail):
             log.warning(
@@ -302,15 +354,7 @@ class HotRestartController:
             await self._event(pod, "HotRestartRefused" if decision.refused else "HotRestartFailed", failed)
             return
         if isinstance(decision, Adopt):
-            adopted = base.model_copy(
-                update={
-                    "phase": Phase.SUCCEEDED,
-                    "container_id": decision.container.id,
-                    "attempt": decision.container.attempt,
-                    "message": "the replacement was already running (resumed after an interruption)",
-                    "finished_at": self._now(),
-                }
-            )
+            adopted = await self._adopted(decision, base)
             await self._write(namespace, name, adopted)
             log.info("hot restart adopted", extra=ctx(pod=pod_name, container_id=decision.container.id))
             return
@@ -327,11 +371,15 @@ class HotRestartController:
         pod_name: str,
     ) -> None:
         container, checkpoint = request.container, request.checkpoint
+        previous_spec = base.previous_spec_image
+        if previous_spec is None and plan.strategy is Strategy.KUBELET:
+            previous_spec = spec_image(pod, container)
         in_progress = base.model_copy(
             update={
                 "phase": Phase.IN_PROGRESS,
                 "strategy": plan.strategy,
                 "spec_image": plan.spec_image,
+                "previous_spec_image": previous_spec,
                 "previous_container_id": base.previous_container_id or plan.old.id,
                 "previous_attempt": base.previous_attempt
                 if base.previous_attempt is not None
@@ -348,19 +396,186 @@ class HotRestartController:
         async def patch_spec(image: str) -> None:
             await self._patch_image(*key, container, image)
 
+        async def progress(done: Progress) -> None:
+            nonlocal in_progress
+            in_progress = in_progress.model_copy(
+                update={
+                    "pull_seconds": done.pull_seconds,
+                    "image_cached": done.image_cached,
+                    "image_id": done.image_id or None,
+                    "prelaunch": done.prelaunch,
+                }
+            )
+            await self._write(*key, in_progress)  # recorded for a resumed restart
+
+        def kubelet_view() -> Mapping[str, Any] | None:
+            return container_status(self._informer.get(key[1], namespace=key[0]), container)
+
         outcome = await self._restarter.execute(
-            plan, pod=pod_name, patch_spec=patch_spec, checkpoint=checkpoint
+            plan,
+            pod=pod_name,
+            patch_spec=patch_spec,
+            checkpoint=checkpoint,
+            progress=progress,
+            container_status=kubelet_view,
         )
         if restarted is not None:
             restarted()
         if self._metrics is not None:
             self._metrics.observe(outcome)
         final = await self._confirm(self._final(in_progress, outcome), plan)
+        if outcome.spec_patched and self._rollback and final.previous_spec_image:
+            final = final.model_copy(
+                update={"rollback": RollbackStatus(phase=Phase.IN_PROGRESS, image=final.previous_spec_image)}
+            )
+            await self._write_final(key, final)  # the failure, reported at once
+            await self._event(pod, "HotRestartFailed", final)
+            final = await self._roll_back_kubelet(
+                key, final, sandbox_id=plan.sandbox_id, old_exit_ns=outcome.old_exit_ns, pod_name=pod_name
+            )
+            await self._write_final(key, final)
+            return
+        await self._write_final(key, final)
+        if final.phase is Phase.FAILED:
+            await self._event(pod, "HotRestartFailed", final)
+
+    async def _write_final(self, key: ObjectKey, final: HotRestartStatus) -> None:
+        """Write a final status; kept in memory until written (a failed write is retried by
+        the next reconcile without redoing the work). Raises ``StoreError``."""
         self._unwritten[key] = final
         await self._write(*key, final)
         self._unwritten.pop(key, None)
-        if final.phase is Phase.FAILED:
-            await self._event(pod, "HotRestartFailed", final)
+
+    async def _roll_back_kubelet(
+        self, key: ObjectKey, failed: HotRestartStatus, *, sandbox_id: str, old_exit_ns: int, pod_name: str
+    ) -> HotRestartStatus:
+        """Put ``failed.rollback.image`` back into the pod spec and confirm kubelet runs it;
+        ``failed`` with the rollback's result."""
+        assert failed.rollback is not None
+
+        async def patch_spec(image: str) -> None:
+            await self._patch_image(*key, failed.container, image)
+
+        back = await self._restarter.roll_back_kubelet(
+            sandbox_id,
+            failed.container,
+            image=failed.rollback.image,
+            previous_attempt=failed.previous_attempt or 0,
+            patch_spec=patch_spec,
+            pod=pod_name,
+        )
+        return await self._rolled_back(failed, back, old_exit_ns=old_exit_ns, pod_name=pod_name)
+
+    async def _rolled_back(
+        self, failed: HotRestartStatus, back: Rollback, *, old_exit_ns: int, pod_name: str
+    ) -> HotRestartStatus:
+        """``failed`` with the rollback's result: ``rollback`` ended, and ``containerId``,
+        ``attempt`` and ``pauseSeconds`` (old exit → the rolled-back container's start) of
+        the container now running."""
+        ran = back.container
+        if not back.succeeded:
+            log.error(
+                "hot restart rollback failed; the pod is left as it is",
+                extra=ctx(
+                    pod=pod_name,
+                    node=self.node,
+                    container=failed.container,
+                    request=failed.id,
+                    image=back.image,
+                    error=back.message,
+                ),
+            )
+        update: dict[str, Any] = {"rollback": _rollback_status(back), "finished_at": self._now()}
+        if ran is not None:
+            if ran.id == failed.previous_container_id:
+                pause: float | None = 0.0  # kubelet never stopped it: the job never paused
+            else:
+                try:
+                    pause = await self._restarter.pause(
+                        failed.previous_container_id or "", ran, old_exit_ns=old_exit_ns
+                    )
+                except errors.CriError:
+                    pause = None
+            update.update(
+                container_id=ran.id,
+                attempt=ran.attempt,
+                pause_seconds=round(pause, 4) if pause is not None else failed.pause_seconds,
+            )
+        return failed.model_copy(update=update)
+
+    async def _resume_rollback(
+        self,
+        key: ObjectKey,
+        decision: RollBack,
+        ours: HotRestartStatus,
+        pod: JsonObj,
+        request: HotRestartRequest,
+        *,
+        pod_name: str,
+    ) -> None:
+        """A failed replacement found on resuming (report it, then undo it), or a rollback
+        that was under way when the agent stopped (finish it)."""
+        failed = ours
+        if not ours.rolling_back:
+            failed = ours.model_copy(
+                update={
+                    "phase": Phase.FAILED,
+                    "message": decision.reason,
+                    "attempt": decision.attempt - 1,
+                    "container_id": None,
+                    "rollback": RollbackStatus(phase=Phase.IN_PROGRESS, image=decision.image),
+                    "finished_at": self._now(),
+                }
+            )
+            await self._write_final(key, failed)
+            await self._event(pod, "HotRestartFailed", failed)
+        log.info(
+            "resuming a hot restart's rollback",
+            extra=ctx(pod=pod_name, container=request.container, image=decision.image),
+        )
+        if decision.strategy is Strategy.KUBELET:
+            final = await self._roll_back_kubelet(
+                key, failed, sandbox_id=decision.sandbox_id, old_exit_ns=0, pod_name=pod_name
+            )
+        else:
+            back = await self._restarter.roll_back_direct(
+                decision.sandbox_id, decision.old, attempt=decision.attempt, pod=pod_name
+            )
+            final = await self._rolled_back(failed, back, old_exit_ns=0, pod_name=pod_name)
+        await self._write_final(key, final)
+
+    async def _adopted(self, decision: Adopt, base: HotRestartStatus) -> HotRestartStatus:
+        """The final status of a restart whose replacement already ran when this reconcile
+        began (the agent stopped mid-way): every field a normal one has, the timings the
+        interrupted run could not measure derived from CRI timestamps and the recorded
+        ``startedAt`` and ``pullSeconds``."""
+        ours, new = decision.previous, decision.container
+        now = self._now()
+        started = ours.started_at
+        pulled_at = started.timestamp() + (ours.pull_seconds or 0.0) if started is not None else None
+        try:
+            timings, pause = await self._restarter.resumed(
+                ours.strategy, ours.previous_container_id or "", new, pulled_at=pulled_at
+            )
+        except errors.CriError:
+            timings, pause = None, None
+        return base.model_copy(
+            update={
+                "phase": Phase.SUCCEEDED,
+                "container_id": new.id,
+                "attempt": new.attempt,
+                "image_id": ours.image_id or base.image_id,
+                "image_cached": ours.image_cached,
+                "prelaunch": ours.prelaunch,
+                "pull_seconds": ours.pull_seconds if ours.pull_seconds is not None else 0.0,
+                "stop_seconds": round(timings.stop, 4) if timings is not None else None,
+                "start_seconds": round(timings.start, 4) if timings is not None else None,
+                "pause_seconds": round(pause, 4) if pause is not None else None,
+                "total_seconds": round((now - started).total_seconds(), 4) if started is not None else None,
+                "message": "the replacement was already running (resumed after an interruption)",
+                "finished_at": now,
+            }
+        )
 
     async def _confirm(self, final: HotRestartStatus, plan: Restart) -> HotRestartStatus:
         """Name the container that actually runs: the newest running one of that name in the
@@ -369,9 +584,13 @@ class HotRestartController:
             found = await self._runtime.list_containers(sandbox_id=plan.sandbox_id)
         except errors.CriError:
             return final
-        running = _running(tuple(c for c in found if c.name == plan.old.name))
+        mine = tuple(c for c in found if c.name == plan.old.name)
+        running = _running(mine)
         if not running:
-            return final.model_copy(update={"container_id": None}) if final.phase is Phase.FAILED else final
+            if final.phase is not Phase.FAILED:
+                return final
+            tried = max((c.attempt for c in mine), default=final.attempt)  # every failed try counted
+            return final.model_copy(update={"container_id": None, "attempt": tried})
         newest = running[-1]
         if len(running) > 1:
             ids = ", ".join(f"{c.id} (attempt {c.attempt})" for c in running)
@@ -429,10 +648,11 @@ class HotRestartController:
                 "pause_seconds": round(outcome.pause_seconds, 4)
                 if outcome.pause_seconds is not None
                 else None,
-                "image_id": outcome.image_id,
-                "prelaunch": outcome.prelaunch,
+                "image_id": outcome.image_id or in_progress.image_id,
+                "prelaunch": outcome.prelaunch or in_progress.prelaunch,
                 "total_seconds": round(outcome.total_seconds, 4),
                 "message": outcome.message or None,
+                "rollback": _rollback_status(outcome.rollback),
                 "finished_at": self._now(),
             }
         )
@@ -457,6 +677,8 @@ class HotRestartController:
             previous_container_id=ours.previous_container_id if ours is not None else None,
             previous_attempt=ours.previous_attempt if ours is not None else None,
             spec_image=ours.spec_image if ours is not None else None,
+            previous_spec_image=ours.previous_spec_image if ours is not None else None,
+            image_id=(ours.image_id if ours is not None else None) or (view.image.id if view.image else None),
             started_at=ours.started_at if ours is not None else None,
         )
 

@@ -11,7 +11,10 @@ status and what the runtime shows. No I/O.
   already produced the running replacement: record success without touching anything;
 * :class:`Restart` — the plan: sandbox, the container to replace, the next attempt number,
   and, when resuming, a replacement that was created but not started yet; for ``kubelet``,
-  the image to write into the pod spec (:mod:`nodeagent.hotrestart.kubelet`).
+  the image to write into the pod spec (:mod:`nodeagent.hotrestart.kubelet`);
+* :class:`RollBack` — a previous run of this request left a replacement that failed (found
+  on resuming after an agent restart), or was undoing one when it stopped: put the previous
+  image back (unless rollback is off: then :class:`Fail`).
 
 :func:`replacement_config` derives the replacement's ``ContainerConfig`` from the old one
 (same mounts, devices, env, namespaces, labels; new image, attempt + 1, log path
@@ -105,7 +108,24 @@ class Restart:
     same_image: bool = False
 
 
-Decision = Skip | Fail | Adopt | Restart
+@dataclass(frozen=True, slots=True)
+class RollBack:
+    """Undo this request's failed restart in ``sandbox_id``: put ``image`` back — ``kubelet``:
+    into the pod spec (the status's ``previousSpecImage``); ``direct``: start ``old``'s config
+    (the container replaced, attempt ``previous_attempt``) as attempt ``attempt``.
+    ``reason``: why the restart failed; empty when the status already says (a rollback that
+    was under way is resumed)."""
+
+    sandbox_id: str
+    strategy: Strategy
+    previous_attempt: int
+    image: str
+    reason: str
+    attempt: int
+    old: ContainerInfo | None = None
+
+
+Decision = Skip | Fail | Adopt | Restart | RollBack
 
 
 def decide(
@@ -115,15 +135,17 @@ def decide(
     *,
     default_strategy: Strategy | None,
     pod: PodFacts | None = None,
+    rollback: bool = True,
 ) -> Decision:
     """Decide what to do (see the module docstring). ``status``: the pod's current
     hot-restart status (any id), None when absent. ``default_strategy``: used when neither
     the request nor an earlier status of it names one; None picks by the sandbox's owner
     (kubelet's → ``kubelet``, flexlease's → ``direct``). ``direct`` on a kubelet's sandbox and
-    ``kubelet`` on flexlease's are refused."""
+    ``kubelet`` on flexlease's are refused. ``rollback``: whether a failed replacement found
+    on resuming is undone (:class:`RollBack`) or only reported (:class:`Fail`)."""
     facts = pod or PodFacts()
     ours = status if status is not None and status.id == request.id else None
-    if ours is not None and ours.phase.final:
+    if ours is not None and ours.phase.final and not ours.rolling_back:
         return Skip(f"request {request.id!r} already {ours.phase.value}")
     sandbox = view.sandbox
     if sandbox is None or sandbox.state is not SandboxState.READY:
@@ -153,6 +175,22 @@ def decide(
             refused=True,
         )
 
+    previous = (
+        next((c for c in containers if c.attempt == ours.previous_attempt), None)
+        if ours is not None and ours.previous_attempt is not None
+        else None
+    )
+    if ours is not None and ours.rolling_back:
+        assert ours.rollback is not None  # rolling_back says so
+        return RollBack(
+            sandbox.id,
+            strategy,
+            ours.previous_attempt or 0,
+            ours.rollback.image,
+            "",
+            latest.attempt + 1,
+            previous,
+        )
     if ours is not None and ours.previous_attempt is not None and latest.attempt > ours.previous_attempt:
         # A previous run of this request got as far as creating the replacement.
         if strategy is Strategy.KUBELET:
@@ -171,9 +209,15 @@ def decide(
             return Adopt(latest, ours)
         if latest.state is ContainerState.EXITED:
             detail = latest.reason or "exited"
-            return Fail(
-                f"replacement container {latest.id} exited ({detail}, exit code {latest.exit_code})"
-                f"{_msg(latest)}"
+            reason = (
+                f"replacement container {latest.id} (attempt {latest.attempt}) exited ({detail}, exit code "
+                f"{latest.exit_code}){_msg(latest)}"
+            )
+            back = _rollback_image(strategy, ours, previous)
+            if not rollback or back is None:
+                return Fail(reason)
+            return RollBack(
+                sandbox.id, strategy, ours.previous_attempt, back, reason, latest.attempt + 1, previous
             )
         previous = next((c for c in containers if c.attempt == ours.previous_attempt), containers[0])
         return Restart(
@@ -228,6 +272,15 @@ def _kubelet_plan(
             refused=True,
         )
     return Restart(sandbox_id, old, attempt, request.image, Strategy.KUBELET, None, other, True)
+
+
+def _rollback_image(strategy: Strategy, ours: HotRestartStatus, previous: ContainerInfo | None) -> str | None:
+    """What a rollback puts back: the pod spec's previous image (kubelet) or the replaced
+    container's image (direct); None when it is not known (a status of an older agent, the
+    replaced container removed)."""
+    if strategy is Strategy.KUBELET:
+        return ours.previous_spec_image
+    return previous.image if previous is not None else None
 
 
 def _msg(c: ContainerInfo) -> str:

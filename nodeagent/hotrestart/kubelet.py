@@ -18,6 +18,13 @@ a repo digest (ContainerStatus). A container runs the requested image when its `
 ``image_ref`` is that image's ID or one of its repo digests (from CRI ``ImageStatus``); tags
 are never compared.
 
+**Did it fail.** kubelet reports why it does not run a container in the pod's
+``status.containerStatuses[].state.waiting.reason`` (:data:`FAILURE_REASONS`:
+``pkg/kubelet/container/sync_result.go``, ``pkg/kubelet/images/types.go``). After the spec
+patch such a reason is this restart's failure once the old container has stopped and the
+status differs from the one seen at the patch (:func:`waiting_failure`); a replacement that
+exited (containerd's ``StartError``, exit code 128, or a crash) is seen in CRI directly.
+
 **What to write.** kubelet restarts a container whose spec hash changed at once, with the pod's
 grace period and whatever the ``restartPolicy`` ("Container … definition changed, will be
 restarted"); restarting an unchanged spec falls into crash-loop back-off (10 s doubling to
@@ -29,12 +36,29 @@ not the image (:func:`alternate_reference`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from flexlease.api import keys
 from nodeagent.cri.client import ANN_CONTAINER_HASH, ContainerInfo, ImageInfo, SandboxInfo
+
+FAILURE_REASONS: Final = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "PreStartHookError",
+        "PostStartHookError",
+    }
+)
+"""Waiting reasons with which kubelet says a container cannot run (as opposed to
+``ContainerCreating`` / ``PodInitializing``, which are on the way)."""
 
 RESTART_ALWAYS = "Always"
 RESTART_ON_FAILURE = "OnFailure"
@@ -145,3 +169,25 @@ def image_patch(pod: dict[str, Any], container: str, image: str) -> dict[str, An
             c["image"] = image
             return {"spec": {"containers": containers}}
     raise KeyError(container)
+
+
+def container_status(pod: Mapping[str, Any] | None, container: str) -> Mapping[str, Any] | None:
+    """The pod's ``status.containerStatuses`` entry of ``container`` (None when absent)."""
+    for entry in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        if isinstance(entry, Mapping) and entry.get("name") == container:
+            return entry
+    return None
+
+
+def waiting_failure(status: Mapping[str, Any] | None, *, baseline: Mapping[str, Any] | None) -> str | None:
+    """``"<reason>: <message>"`` when ``status`` (a ``containerStatuses`` entry) is Waiting with
+    one of :data:`FAILURE_REASONS` and differs from ``baseline`` (the entry when the spec was
+    patched: a failure shown then is not this restart's); None otherwise."""
+    if status is None or status == baseline:
+        return None
+    waiting = (status.get("state") or {}).get("waiting") or {}
+    reason = str(waiting.get("reason") or "")
+    if reason not in FAILURE_REASONS:
+        return None
+    message = str(waiting.get("message") or "")
+    return f"{reason}: {message}" if message else reason

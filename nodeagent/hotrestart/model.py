@@ -13,17 +13,27 @@ re-applying the same annotation restarts nothing.
 ``flexlease.io/hot-restart-status`` (written only by the pod's node agent) is JSON with
 camelCase keys: ``id``, ``phase`` (``InProgress`` while running; ``Succeeded`` or ``Failed``
 at the end), ``strategy``, ``container``, ``image``, ``node``, ``sandboxId``, ``podIP``,
-``containerId`` (the replacement), ``previousContainerId``, ``previousAttempt``,
-``attempt``, ``imageCached``, ``imageId`` (the image ID the replacement was confirmed to
-run, from CRI ``ImageStatus``), ``specImage`` (kubelet: the image written into the pod spec),
-``pullSeconds``, ``stopSeconds``, ``startSeconds``, ``pauseSeconds`` (no container of that
-name running: from the old one's exit to the replacement's start, CRI timestamps where the
-runtime kept them), ``totalSeconds``, ``message`` (why it failed, or notes), ``startedAt``,
-``finishedAt`` (RFC 3339 UTC), and ``prelaunch`` when a checkpoint was requested
-(``ready``, ``readyAt``, ``elapsedSeconds``, ``windowSeconds`` = W predicted before the work,
-``measuredWindowSeconds`` = W from the bandwidths measured, ``imageCached``,
-``checkpointResult``: ``hit``/``miss``/``shared``). ``containerId`` always names the container that runs when
-the status is written. Pure: parsing and rendering only.
+``containerId`` (the container that runs when the status is written: the replacement, or
+after a rollback the container running the previous image; absent when none runs),
+``previousContainerId``, ``previousAttempt``, ``attempt`` (of ``containerId``; with nothing
+running, the newest attempt the replacement got), ``imageCached``, ``imageId`` (the
+requested image's ID, from CRI ``ImageStatus``/``PullImage``: what the replacement was
+confirmed to run), ``specImage`` and ``previousSpecImage`` (kubelet: the image written into
+the pod spec, and the one it replaced), ``pullSeconds``, ``stopSeconds``, ``startSeconds``,
+``pauseSeconds`` (no container of that name running: from the old one's exit to the start
+of the replacement — or of the rolled-back container — CRI timestamps where the runtime kept
+them), ``totalSeconds``, ``message`` (why it failed, or notes), ``startedAt``, ``finishedAt``
+(RFC 3339 UTC), ``rollback`` when a failed restart was undone (:class:`RollbackStatus`), and
+``prelaunch`` when a checkpoint was requested (``ready``, ``readyAt``, ``elapsedSeconds``,
+``windowSeconds`` = W predicted before the work, ``measuredWindowSeconds`` = W from the
+bandwidths measured, ``imageCached``, ``checkpointResult``: ``hit``/``miss``/``shared``).
+
+``pullSeconds``, ``imageCached``, ``imageId`` and ``previousSpecImage`` are recorded in the
+``InProgress`` status before anything is touched, so that a restart resumed after the agent
+was stopped mid-way ends with every field a normal one has (the later timings then come from
+CRI timestamps). A failure detected after the old container was stopped is reported
+``Failed`` at once, with ``rollback.phase: InProgress``; the same status is written again
+when the rollback ended. Pure: parsing and rendering only.
 """
 
 from __future__ import annotations
@@ -119,6 +129,20 @@ class PrelaunchStatus(KubeModel):
     error: str | None = None
 
 
+class RollbackStatus(KubeModel):
+    """Undoing a failed restart (seconds): ``phase`` ``InProgress`` → ``Succeeded`` /
+    ``Failed``; ``image``: what was put back (kubelet: the pod spec's previous image; direct:
+    the old container's image); ``containerId`` / ``attempt``: the container running it;
+    ``seconds``: from the failure to that container running; ``message``: why it failed."""
+
+    phase: Phase
+    image: str
+    container_id: str | None = None
+    attempt: int | None = None
+    seconds: float | None = None
+    message: str | None = None
+
+
 class HotRestartStatus(KubeModel):
     """A ``flexlease.io/hot-restart-status`` annotation. Durations in seconds."""
 
@@ -137,15 +161,22 @@ class HotRestartStatus(KubeModel):
     image_cached: bool | None = None
     image_id: str | None = None
     spec_image: str | None = None
+    previous_spec_image: str | None = None
     pull_seconds: float | None = None
     stop_seconds: float | None = None
     start_seconds: float | None = None
     pause_seconds: float | None = None
     total_seconds: float | None = None
     message: str | None = None
+    rollback: RollbackStatus | None = None
     prelaunch: PrelaunchStatus | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+
+    @property
+    def rolling_back(self) -> bool:
+        """A rollback was started and has not ended (resumed after an agent restart)."""
+        return self.rollback is not None and not self.rollback.phase.final
 
     def render(self) -> str:
         """The annotation value (compact JSON, camelCase, ``None`` fields omitted)."""

@@ -1,7 +1,7 @@
 """The main job, shortened: hack/demo.py on a real containerd with the real extender and agents.
 
-Runs the accelerated day up to 10:00 (lend, LP usage, a GPU falling off the bus, reclaim with
-standby supplement, the in-place reconfiguration after the reclaim, hot restarts) and checks
+Runs the accelerated day up to 10:00 (the lease autopilot's lend from a GPULeasePolicy, LP
+usage, a GPU falling off the bus, the autopilot's reclaim with standby supplement, the in-place reconfiguration after the reclaim, hot restarts) and checks
 the report it writes.
 """
 
@@ -49,6 +49,16 @@ async def test_demo_day_lends_reclaims_supplements_and_hot_restarts(
     report = json.loads((out / "report.json").read_text())
 
     assert report["lend"]["phase"] == "Done" and len(report["lend"]["gpus"]) == 8
+    # the day's leases are the lease autopilot's, from the job's GPULeasePolicy: the Lend when the
+    # 01:00 window opens (or as soon as the job runs, when starting it took longer on a busy
+    # machine), the Reclaim one lead time (W + 45 s grace + 60 s resync) before 09:00
+    autopilot = report["autopilot"]
+    assert (autopilot["lend"], autopilot["reclaim"]) == ("ranker-lend-1", "ranker-reclaim-2")
+    assert "00:59" <= autopilot["lendWrittenAt"] < "06:00", autopilot
+    assert 105 <= autopilot["leadTimeSeconds"] < 600, autopilot
+    assert "08:49" <= autopilot["reclaimWrittenAt"] < "09:00", autopilot
+    assert autopilot["leadTimeSource"].startswith("auto: W="), autopilot
+    assert "image size unknown" not in autopilot["leadTimeSource"], autopilot  # the agents published it
     assert report["lowPriority"]["onLentGPUs"], "LP pods should use the lent GPUs"
     assert report["failure"]["gpu"] == "gpu-1/3"
     reclaim = report["reclaim"]

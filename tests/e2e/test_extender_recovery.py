@@ -104,7 +104,7 @@ async def wait_ready(session: aiohttp.ClientSession, url: str) -> None:
 
 
 async def used_gpus(session: aiohttp.ClientSession, url: str) -> int:
-    """``flexlease_extender_gpus{state="used"}`` summed over tiers and types."""
+    """``flexlease_extender_gpus{state="used"}`` summed over pools, tiers and types."""
     async with session.get(f"{url}/metrics") as resp:
         text = await resp.text()
     total = 0.0

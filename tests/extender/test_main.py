@@ -10,6 +10,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -323,3 +324,14 @@ async def test_two_replicas_serve_filter_but_only_the_leader_binds() -> None:
             assert (await store.get(Kind.POD, "p", namespace="ml"))["spec"]["nodeName"] == "n1"
     finally:
         await store.close()
+
+
+def test_a_clock_pinned_to_an_origin_is_known_to_other_processes() -> None:
+    """``clock_origin``: the accelerated clock reads origin + (now - origin) × speedup, whenever
+    the process started (the demo writes its policy's windows on that clock)."""
+    origin = time.time() - 10.0
+    clock = extmain.scaled_clock(Settings(clock_speedup=100.0, clock_origin=origin))
+    expected = origin + (time.time() - origin) * 100.0
+    assert abs(clock.now() - expected) < 100.0 * 0.5  # half a real second of slack
+    free = extmain.scaled_clock(Settings(clock_speedup=100.0))
+    assert abs(free.now() - time.time()) < 100.0 * 0.5

@@ -26,15 +26,20 @@ def test_inventory_gauges_are_read_at_scrape_time() -> None:
         ]
     )
     get = registry.get_sample_value
+
+    def gpus(state: str, tier: str) -> float | None:
+        labels = {"pool": "general", "state": state, "tier": tier, "type": payloads.H20}
+        return get("flexlease_extender_gpus", labels)
+
     assert get("flexlease_extender_ready") == 1.0
     assert get("flexlease_extender_nodes") == 1.0
-    assert get("flexlease_extender_gpus", {"state": "free", "tier": "HA", "type": payloads.H20}) == 1.0
-    assert get("flexlease_extender_gpus", {"state": "used", "tier": "HA", "type": payloads.H20}) == 1.0
-    assert get("flexlease_extender_gpus", {"state": "used", "tier": "MA", "type": payloads.H20}) == 1.0
-    assert get("flexlease_extender_gpus", {"state": "lent", "tier": "MA", "type": payloads.H20}) == 1.0
+    assert gpus("free", "HA") == 1.0
+    assert gpus("used", "HA") == 1.0
+    assert gpus("used", "MA") == 1.0
+    assert gpus("lent", "MA") == 1.0
     inv.assume(uid="u", key="ml/u", node="n1", indices=(3,))
     assert get("flexlease_extender_reservations") == 1.0
-    assert get("flexlease_extender_gpus", {"state": "used", "tier": "LA", "type": payloads.H20}) == 1.0
+    assert gpus("used", "LA") == 1.0
     inv.forget("u")
     assert get("flexlease_extender_reservation_events_total", {"event": "forgotten"}) == 1.0
     assert get("flexlease_extender_claim_events_total", {"event": "conflict"}) == 0.0

@@ -563,8 +563,8 @@ async def test_metrics_expose_latency_decisions_and_inventory(start: Any, store:
         in text
     )
     assert 'flexlease_extender_bad_requests_total{reason="bad_json",verb="filter"} 1.0' in text
-    assert 'flexlease_extender_gpus{state="used",tier="HA",type="NVIDIA H20"} 2.0' in text
-    assert 'flexlease_extender_gpus{state="lent",tier="HA",type="NVIDIA H20"} 2.0' in text
+    assert 'flexlease_extender_gpus{pool="general",state="used",tier="HA",type="NVIDIA H20"} 2.0' in text
+    assert 'flexlease_extender_gpus{pool="general",state="lent",tier="HA",type="NVIDIA H20"} 2.0' in text
     assert "flexlease_extender_ready 1.0" in text
 
 

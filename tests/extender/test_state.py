@@ -217,16 +217,21 @@ def test_a_bound_pod_with_a_malformed_label_keeps_its_gpus_across_relists() -> N
 def test_device_counts_for_gauges() -> None:
     inv = Inventory()
     inv.replace_nodes(
-        [payloads.gpunode("n1", gpus=4, tiers=["HA", "HA", "MA", "LA"], owners={1: "ml/o"}, unhealthy={3})]
+        [
+            payloads.gpunode("n1", gpus=4, tiers=["HA", "HA", "MA", "LA"], owners={1: "ml/o"}, unhealthy={3}),
+            payloads.gpunode("s1", gpus=2, tiers="HA", pool="standby"),
+        ]
     )
-    inv.replace_pods([bound_pod("a", "n1", 0, uid="u-a")])
-    counts = {(c.state, c.tier, c.model): c.count for c in inv.device_counts()}
+    inv.replace_pods([bound_pod("a", "n1", 0, uid="u-a"), bound_pod("b", "s1", 1, uid="u-b")])
+    counts = {(c.pool, c.state, c.tier, c.model): c.count for c in inv.device_counts()}
     assert counts == {
-        ("used", "HA", payloads.H20): 1,
-        ("free", "HA", payloads.H20): 1,
-        ("lent", "HA", payloads.H20): 1,
-        ("free", "MA", payloads.H20): 1,
-        ("unhealthy", "LA", payloads.H20): 1,
+        ("general", "used", "HA", payloads.H20): 1,
+        ("general", "free", "HA", payloads.H20): 1,
+        ("general", "lent", "HA", payloads.H20): 1,
+        ("general", "free", "MA", payloads.H20): 1,
+        ("general", "unhealthy", "LA", payloads.H20): 1,
+        ("standby", "free", "HA", payloads.H20): 1,
+        ("standby", "used", "HA", payloads.H20): 1,
     }
 
 

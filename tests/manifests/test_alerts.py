@@ -79,6 +79,19 @@ def test_every_alert_has_a_unit_test() -> None:
     assert names == ALERT_NAMES == tested
 
 
+RUNBOOKS = "https://flexlease.github.io/flexlease/operations/#"
+
+
+def test_every_alert_links_its_runbook_section() -> None:
+    """Each rule's ``runbook_url`` is its own section of the operations page (the anchor mkdocs
+    makes of a heading that is exactly the alert's name; tests/docs/test_site.py checks that the
+    built site has it)."""
+    rules = [r for g in load(RULES)["groups"] for r in g["rules"]]
+    assert rules
+    for rule in rules:
+        assert rule["annotations"].get("runbook_url") == RUNBOOKS + rule["alert"].lower(), rule["alert"]
+
+
 def test_prometheus_rule_carries_the_same_groups(tmp_path: Path) -> None:
     doc = load(PROMETHEUS_RULE)
     assert doc["apiVersion"] == "monitoring.coreos.com/v1"

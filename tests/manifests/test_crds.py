@@ -25,12 +25,15 @@ def test_committed_crds_are_generated_from_the_models() -> None:
 
 
 def _jsonschema(node: Any) -> Any:
-    """Structural schema → JSON Schema (``nullable: true`` → ``type: [T, "null"]``)."""
+    """Structural schema → JSON Schema (``nullable: true`` → ``type: [T, "null"]``,
+    ``minimum`` + ``exclusiveMinimum: true`` → ``exclusiveMinimum``)."""
     if isinstance(node, list):
         return [_jsonschema(n) for n in node]
     if not isinstance(node, dict):
         return node
     out = {k: _jsonschema(v) for k, v in node.items() if k != "nullable"}
+    if node.get("exclusiveMinimum") is True:  # OpenAPI v3.0's boolean → JSON Schema's number
+        out["exclusiveMinimum"] = out.pop("minimum")
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
     return out

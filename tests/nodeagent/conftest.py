@@ -48,6 +48,10 @@ class ContainerdTestbed:
     pause_image: str
     trainer_v1: str
     trainer_v2: str
+    trainer_broken: str
+    """Its entrypoint does not exist: every start fails (StartError, exit code 128)."""
+    trainer_nocmd: str
+    """No entrypoint and no command: CreateContainer fails ("no command specified")."""
     large_image: str
     registry_trainer: str
     cni_subnet: str
@@ -115,6 +119,8 @@ def containerd_testbed() -> Iterator[ContainerdTestbed]:
             pause_image=env["FLEXLEASE_TESTBED_PAUSE_IMAGE"],
             trainer_v1=env["FLEXLEASE_TESTBED_TRAINER_V1"],
             trainer_v2=env["FLEXLEASE_TESTBED_TRAINER_V2"],
+            trainer_broken=env["FLEXLEASE_TESTBED_TRAINER_BROKEN"],
+            trainer_nocmd=env["FLEXLEASE_TESTBED_TRAINER_NOCMD"],
             large_image=env["FLEXLEASE_TESTBED_LARGE_IMAGE"],
             registry_trainer=env["FLEXLEASE_TESTBED_REGISTRY_TRAINER"],
             cni_subnet=env["FLEXLEASE_TESTBED_CNI_SUBNET"],

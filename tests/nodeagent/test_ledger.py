@@ -1,12 +1,16 @@
 """The availability ledger: interval math, tiering, bounded size, the file (atomic write,
-crash between write and rename, corrupt file) and restart survival — and, with hypothesis,
+crash between write and rename, a writer killed at every step of a write, corrupt file) and
+restart survival — and, with hypothesis,
 weeks of simulated GPU history whose ratio and tier equal a brute-force recomputation."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,11 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from flexlease import atomicfile
 from flexlease.api import tiers
 from flexlease.api.resources import Health
 from flexlease.api.tiers import Tier
 from nodeagent import ledger
 from nodeagent.ledger import Identity, Interval, Ledger, LedgerFile, Span, Thresholds
+from tests.nodeagent import ledger_writer
+
+REPO = Path(__file__).resolve().parents[2]
 
 DAY = 86400.0
 T0 = 1_700_000_000.0
@@ -290,6 +298,74 @@ def test_another_nodes_file_is_not_used(tmp_path: Path, caplog: pytest.LogCaptur
         book = Ledger.restored("n1", TH, decoded=f.load(), now=T0 + 200)
     assert book.devices == {}
     assert "another node" in caplog.text
+
+
+def test_an_older_write_finishing_last_is_skipped(tmp_path: Path) -> None:
+    """A periodic write that reaches the disk after the final one (its thread was slow) does not
+    put the older ledger back."""
+    f = LedgerFile(tmp_path)
+    final = make_book().encode(T0 + 200)
+    assert f.save(final, written_at=T0 + 200)
+    assert not f.save(make_book().encode(T0 + 100), written_at=T0 + 100)
+    assert f.path.read_bytes() == final
+    assert [p.name for p in tmp_path.iterdir()] == ["ledger.json"]
+
+
+CRASH_POINTS = (*atomicfile.STEPS, "none")
+
+
+async def test_a_writer_killed_at_any_point_leaves_the_old_or_the_new_ledger(tmp_path: Path) -> None:
+    """kill -9 of a process writing the ledger, at every step of the write (one process per step,
+    stopped there by the write's step hook): the file is always the old or the new version,
+    byte for byte, the next start reads it without moving anything aside, and no interval of
+    the old history is lost. (kill -9 tests a process crash; the fsyncs, which a power loss
+    needs, are in the write but cannot be observed here.)"""
+    old, new = ledger_writer.versions()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+    async def kill_at(step: str) -> Path:
+        state = tmp_path / step
+        LedgerFile(state).save(old, written_at=ledger_writer.OLD_AT)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.nodeagent.ledger_writer",
+            str(state),
+            step,
+            cwd=REPO,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            assert line == (b"done\n" if step == "none" else f"at {step}\n".encode()), step
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+        return state
+
+    states = await asyncio.gather(*(kill_at(step) for step in CRASH_POINTS))
+    old_devices = ledger.decode(old).devices
+    for step, state in zip(CRASH_POINTS, states, strict=True):
+        content = (state / "ledger.json").read_bytes()
+        renamed = step in (atomicfile.STEP_RENAMED, atomicfile.STEP_DIR_SYNCED, "none")
+        assert content == (new if renamed else old), step
+        reported: list[tuple[Path, str]] = []
+        decoded = LedgerFile(
+            state, on_corrupt=lambda moved, why, into=reported: into.append((moved, why))
+        ).load()
+        assert not reported, step
+        assert decoded is not None and decoded == ledger.decode(content), step
+        for index, before in old_devices.items():  # the history is all there
+            after = decoded.devices[index].intervals
+            assert after[: len(before.intervals) - 1] == before.intervals[:-1], (step, index)
+            last = after[len(before.intervals) - 1]
+            assert (last.start, last.state) == (before.intervals[-1].start, before.intervals[-1].state)
+            assert last.end >= before.intervals[-1].end
+        assert [p.name for p in state.iterdir()] == ["ledger.json"], step  # the temp file removed
 
 
 # ---------------------------------------------------------------------------- weeks, with hypothesis

@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from flexlease.errors import RequestError
+from flexlease.prelaunch import GBIT, PrelaunchInputs, prelaunch_window
 from nodeagent import prelaunch
 from nodeagent.cache.checkpoints import CheckpointCache, CheckpointMetrics
 from nodeagent.cri.client import GrpcCri
-from nodeagent.prelaunch import GBIT, Bandwidths, PrelaunchInputs, prelaunch_window
+from nodeagent.prelaunch import Bandwidths
 from tests.nodeagent.conftest import ContainerdTestbed
 
 GB = 1e9

@@ -1,11 +1,15 @@
 """The stand-in kubelet (standins.kubelet_pods) behaves like kubelet on a real containerd: image
 IDs and kubelet's annotations, crash-loop back-off on an injectable clock, restartPolicy,
-spec-change restarts."""
+spec-change restarts, container statuses with kubelet's waiting reasons, and device
+admission with PreStartContainer before each start."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +27,10 @@ from nodeagent.cri.client import (
     GrpcCri,
     SandboxState,
 )
+from standins.kubelet_devices import DeviceKubelet
 from standins.kubelet_pods import StandInKubelet, hash_container
 from tests.nodeagent.conftest import ContainerdTestbed, KubeletFactory
+from tests.standins.throwaway_plugin import ThrowawayPlugin
 
 pytestmark = pytest.mark.containerd
 
@@ -74,6 +80,20 @@ async def _trainers(cri: GrpcCri, kubelet: StandInKubelet, name: str) -> list[Co
 
 async def _running(cri: GrpcCri, kubelet: StandInKubelet, name: str) -> list[ContainerInfo]:
     return [c for c in await _trainers(cri, kubelet, name) if c.state is ContainerState.RUNNING]
+
+
+async def _trap_set(testbed: ContainerdTestbed, pod: JsonObj, attempt: int = 0) -> None:
+    """Until the trainer printed that it started, after setting its SIGTERM trap: stopped before
+    that, its shell dies of the signal (exit 143) instead of exiting 0."""
+    meta = pod["metadata"]
+    log = (
+        testbed.log_root / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "trainer" / f"{attempt}.log"
+    )
+    async with asyncio.timeout(10):
+        while True:  # a file, not an event to wait on
+            if log.exists() and b"started" in log.read_bytes():
+                return
+            await asyncio.sleep(0.02)
 
 
 async def test_runs_pods_like_kubelet(
@@ -148,10 +168,11 @@ async def test_a_clean_exit_ends_a_job_pod(
     standin_kubelet: KubeletFactory,
 ) -> None:
     name = f"job-{policy.lower()}"
-    await _pod(store, name, containerd_testbed.trainer_v1, policy)
+    pod = await _pod(store, name, containerd_testbed.trainer_v1, policy)
     kubelet = standin_kubelet(store, NODE)
     await kubelet.sync_once()
     [c] = await _running(cri, kubelet, name)
+    await _trap_set(containerd_testbed, pod)
     await cri.stop_container(c.id, timeout_seconds=3)  # SIGTERM: the trainer exits 0
     await kubelet.sync_once()
     assert kubelet.phase("default", name) == "Succeeded"
@@ -279,3 +300,119 @@ async def test_a_pod_end_that_could_not_be_recorded_is_recorded_later(
     await kubelet.sync_once()
     assert kubelet.phase("default", "job") == "Succeeded"
     assert (await store.get(Kind.POD, "job", namespace="default"))["status"]["phase"] == "Succeeded"
+
+
+async def test_a_gpu_container_cannot_restart_while_a_plugin_requiring_pre_start_is_gone(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    """The sequence seen on kubelet v1.36: the plugin registered with PreStartRequired is gone,
+    the container's process ends, and kubelet cannot create its replacement
+    (CreateContainerConfigError, "device plugin PreStartContainer rpc failed … has been
+    stopped") until the plugin is back."""
+    base = Path(tempfile.mkdtemp(prefix="kp-", dir="/tmp"))  # unix socket paths stay short
+    devices = DeviceKubelet(base / "dp", base / "pr" / "kubelet.sock")
+    await devices.start()
+    plugin = ThrowawayPlugin(devices.plugin_dir, "example.com/dev", ["d0"], pre_start_required=True)
+    try:
+        await plugin.start(devices.kubelet_socket)
+        await devices.wait_registered("example.com/dev")
+        container = {
+            "name": "trainer",
+            "image": containerd_testbed.trainer_v1,
+            "resources": {"limits": {"example.com/dev": "1"}},
+        }
+        pod = await store.create(
+            Kind.POD,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "gpu", "namespace": "default"},
+                "spec": {"nodeName": NODE, "terminationGracePeriodSeconds": 3, "containers": [container]},
+            },
+        )
+        clock = Clock()
+        kubelet = standin_kubelet(store, NODE, clock=clock, devices=devices)
+        await kubelet.sync_once()  # admitted (Allocate), PreStartContainer, started
+        [c] = await _running(cri, kubelet, "gpu")
+        out = await cri.exec_sync(c.id, ["sh", "-c", "echo $DEVICES"], timeout_seconds=5)
+        assert out.stdout.strip() == b"d0" and plugin.pre_starts == [["d0"]]
+        await _trap_set(containerd_testbed, pod)
+
+        await plugin.stop()
+        stopped = devices.plugins["example.com/dev"]
+        async with asyncio.timeout(10):
+            while not stopped.stopped:
+                await stopped.changed.wait()
+        await cri.stop_container(c.id, timeout_seconds=3)
+        await kubelet.sync_once()
+        assert await _running(cri, kubelet, "gpu") == []
+        message = (
+            "device plugin PreStartContainer rpc failed with err: "
+            f"endpoint &{{{plugin.socket} example.com/dev}} has been stopped"
+        )
+        assert (kubelet.events[-1].reason, kubelet.events[-1].message) == ("Failed", f"Error: {message}")
+        [status] = (await store.get(Kind.POD, "gpu", namespace="default"))["status"]["containerStatuses"]
+        assert status["state"] == {"waiting": {"reason": "CreateContainerConfigError", "message": message}}
+        assert status["lastState"]["terminated"]["exitCode"] == 0 and status["restartCount"] == 0
+        clock.now += 10  # the pod worker's back-off: tried again, failing the same way
+        await kubelet.sync_once()
+        assert await _running(cri, kubelet, "gpu") == [] and kubelet.events[-1].message == f"Error: {message}"
+
+        await plugin.start(devices.kubelet_socket)  # the plugin is back
+        await devices.wait_registered("example.com/dev", registrations=2)
+        clock.now += 20  # past the crash-loop back-off (now 20 s)
+        await kubelet.sync_once()
+        [again] = await _running(cri, kubelet, "gpu")
+        assert again.attempt == 1 and len(plugin.pre_starts) == 2
+        [status] = (await store.get(Kind.POD, "gpu", namespace="default"))["status"]["containerStatuses"]
+        assert "running" in status["state"] and status["ready"] and status["restartCount"] == 1
+    finally:
+        await plugin.stop()
+        await devices.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_an_image_that_cannot_start_crash_loops_with_kubelets_back_off(
+    cri: GrpcCri, store: MemoryStore, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    """The sequence seen on kubelet v1.36 with an image whose entrypoint does not exist: each start
+    fails (containerd: StartError, exit code 128); the second try comes at once (the back-off is
+    armed then), the next ones after 10 s, 20 s, … capped at 300 s, with CrashLoopBackOff in
+    between."""
+    clock = Clock()
+    await _pod(store, "broken", containerd_testbed.trainer_broken)
+    kubelet = standin_kubelet(store, NODE, clock=clock)
+
+    async def status() -> JsonObj:
+        [entry] = (await store.get(Kind.POD, "broken", namespace="default"))["status"]["containerStatuses"]
+        return dict(entry)
+
+    await kubelet.sync_once()  # attempt 0: StartError
+    first = await status()
+    assert first["state"]["waiting"]["reason"] == "RunContainerError"
+    assert first["lastState"]["terminated"]["exitCode"] == 128
+    assert first["lastState"]["terminated"]["reason"] == "StartError"
+    assert "no-such-entrypoint" in first["lastState"]["terminated"]["message"]
+    await kubelet.sync_once()  # PLEG saw it die: attempt 1 at once
+    await kubelet.sync_once()  # now in back-off
+    assert [c.attempt for c in await _trainers(cri, kubelet, "broken")] == [1]  # GC keeps the newest
+    waiting = (await status())["state"]["waiting"]
+    assert waiting["reason"] == "CrashLoopBackOff"
+    assert waiting["message"].startswith(
+        "back-off 10s restarting failed container=trainer pod=broken_default"
+    )
+    attempt = 1
+    for backoff, after in ((10, 20), (20, 40), (40, 80), (80, 160), (160, 300), (300, 300)):
+        clock.now += backoff - 0.1
+        await kubelet.sync_once()
+        assert [c.attempt for c in await _trainers(cri, kubelet, "broken")] == [attempt]
+        clock.now += 0.1
+        await kubelet.sync_once()  # restarted: fails again
+        await kubelet.sync_once()
+        attempt += 1
+        assert [c.attempt for c in await _trainers(cri, kubelet, "broken")] == [attempt]
+        current = await status()
+        assert current["restartCount"] == attempt
+        assert current["state"]["waiting"]["message"].startswith(f"back-off {after}s restarting failed")
+        assert current["lastState"]["terminated"]["exitCode"] == 128
+    assert await _running(cri, kubelet, "broken") == []

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from flexlease.sim.scenario import DEFAULT_DATA_DIR, Policy, Scenario, assign_models, parse_gpu_models
+from flexlease.sim.scenario import Policy, Scenario, assign_models, parse_gpu_models
 
 
 def test_defaults_are_the_papers_cluster() -> None:
@@ -17,11 +16,6 @@ def test_defaults_are_the_papers_cluster() -> None:
     assert s.job_gpus == 256
     assert s.lp_target_load == s.lp_load * 256
     assert s.horizon == 60 * 86400
-
-
-def test_default_data_dir_is_shared_data_beside_the_repo() -> None:
-    repo = Path(__file__).resolve().parents[2]
-    assert repo.parent / "shared" / "data" == DEFAULT_DATA_DIR
 
 
 @pytest.mark.parametrize(

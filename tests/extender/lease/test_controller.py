@@ -255,6 +255,7 @@ async def test_lend_then_reclaim_notifies_waits_the_grace_period_and_evicts(
         assert returned(status) == ("True", "Returned")
         await eventually(lambda: _tags_are(store, "n1", {}))
         assert sample(registry, "flexlease_lease_reclaim_duration_seconds_count") == 1
+        assert sample(registry, "flexlease_lease_reclaimed_gpus_total") == 4  # once each, not per reconcile
         assert sample(registry, "flexlease_lease_reclaim_duration_seconds_sum") >= 65
         lease_events = reasons(await events(store), "GPULease")
         assert lease_events.count("ReclaimDone") == 1 and "ReclaimStarted" in lease_events
@@ -324,6 +325,8 @@ async def test_failed_gpu_is_supplemented_from_standby(store: MemoryStore, clock
         assert await audit_store(audit, store) == []
         tally = audit.tally("online/reclaim")
         assert (tally.back, tally.replaced, tally.unrecoverable) == (3, 1, 0)
+        # the three healthy GPUs came back; the failed one's replacement is a supplement
+        assert sample(registry, "flexlease_lease_reclaimed_gpus_total") == 3
 
 
 async def test_restarted_controller_finishes_a_reclaim_mid_grace_period(

@@ -213,9 +213,10 @@ async def test_reopen_restores_lru_order_and_drops_leftovers(tmp_path: Path) -> 
         await cache.fetch(name, *srcs[name][:1], sha256=srcs[name][1])
     past = time.time() - 3600
     os.utime(directory / "old.ckpt", (past, past))
-    # Leftovers of a crash: a partial download, data without metadata, metadata without data,
-    # and metadata that does not match its data.
+    # Leftovers of a crash: a partial download, a metadata write's temp file, data without
+    # metadata, metadata without data, and metadata that does not match its data.
     (directory / ".partial-deadbeef").write_bytes(b"half")
+    (directory / ".new.json.tmp-0123abcd").write_bytes(b'{"id": "ne')
     (directory / "orphan.ckpt").write_bytes(b"x")
     (directory / "lonely.json").write_text("{}")
     (directory / "liar.ckpt").write_bytes(b"12345")

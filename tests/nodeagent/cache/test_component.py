@@ -14,10 +14,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from flexlease.api import keys
+from flexlease.api.resources import PrelaunchStatus
 from flexlease.config import AgentSettings
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 from nodeagent.cache.component import CRI_UP, CacheComponent, NodeRuntime
+from nodeagent.prelaunch import Bandwidths
 from tests.nodeagent.conftest import ContainerdTestbed
 
 
@@ -74,12 +76,20 @@ async def test_publishes_images_and_checkpoints(
         assert registry.get_sample_value(CRI_UP) == 1
         assert await component.publish(store, "n1")
         assert not await component.publish(store, "n1")  # unchanged: no write
+        sizes = {i.repo_tags[0]: i.size_bytes for i in await runtime.cri.list_images() if i.repo_tags}
     node = await store.get(Kind.GPUNODE, "n1")
     cache = node["status"]["cache"]
     assert {containerd_testbed.trainer_v1, containerd_testbed.trainer_v2} <= set(cache["images"])
     assert cache["checkpoints"] == [
         {"id": "job/step-7", "sizeBytes": 1234, "sha256": hashlib.sha256(data).hexdigest()}
     ]
+    # the prelaunch inputs the lease autopilot reads: each image's size as containerd reports
+    # it, the storage throughput this node measured (the fetch above), the rest assumed
+    prelaunch = PrelaunchStatus.model_validate(node["status"]["prelaunch"])
+    assert prelaunch.image_bytes[containerd_testbed.trainer_v1] == sizes[containerd_testbed.trainer_v1] > 0
+    assert prelaunch.measured == ["storage"]
+    assert prelaunch.storage_bytes_per_second == runtime.checkpoints.storage_rate.value
+    assert prelaunch.registry_bytes_per_second == Bandwidths().registry_bps
 
 
 async def test_absent_runtime_is_reported_and_checkpoints_still_published(
@@ -97,3 +107,9 @@ async def test_absent_runtime_is_reported_and_checkpoints_still_published(
         assert not await component.publish(store, "absent-node")  # no GPUNode yet: skipped
     node = await store.get(Kind.GPUNODE, "n1")
     assert node["status"]["cache"] == {"images": [], "checkpoints": []}
+    assert PrelaunchStatus.model_validate(node["status"]["prelaunch"]) == PrelaunchStatus(
+        net_bytes_per_second=Bandwidths().net_bps,
+        registry_bytes_per_second=Bandwidths().registry_bps,
+        storage_bytes_per_second=Bandwidths().storage_bps,
+        gpu_bytes_per_second=Bandwidths().gpu_bps,
+    )

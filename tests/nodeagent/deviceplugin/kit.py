@@ -46,11 +46,17 @@ class Node:
         """UUIDs by NVML index."""
         return [self.ctx.board.devices[i].uuid for i in sorted(self.ctx.board.devices)]
 
-    async def bind(self, name: str, indices: list[int], *, namespace: str = "default") -> JsonObj:
+    async def bind(
+        self, name: str, indices: list[int], *, namespace: str = "default", image: str | None = None
+    ) -> JsonObj:
         """A pod requesting ``len(indices)`` GPUs, as the extender's bind leaves it: assigned
-        ``indices`` of this node (annotations) and bound (``spec.nodeName``)."""
+        ``indices`` of this node (annotations) and bound (``spec.nodeName``). With ``image``:
+        a pod to run (that image, ``restartPolicy: Always``, a 3 s grace period)."""
         pod = objects.pod(name, namespace, gpus=len(indices), priority=keys.PRIORITY_LOW, owner=name)
         pod["spec"]["nodeName"] = NODE
+        if image is not None:
+            pod["spec"]["containers"][0]["image"] = image
+            pod["spec"].update(restartPolicy="Always", terminationGracePeriodSeconds=3)
         pod["metadata"]["annotations"].update(
             {
                 keys.ANN_ASSIGNED_GPUS: f"{NODE}:{','.join(str(i) for i in indices)}",

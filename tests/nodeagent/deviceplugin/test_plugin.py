@@ -15,12 +15,15 @@ from prometheus_client import CollectorRegistry
 from flexlease.api import keys
 from flexlease.store.base import Kind
 from nodeagent import agent
+from nodeagent.cri.client import ContainerState, GrpcCri
+from nodeagent.deviceplugin import deviceplugin_pb2 as pb
 from nodeagent.deviceplugin import podresources_pb2 as prpb
 from nodeagent.deviceplugin import rpc
 from nodeagent.deviceplugin.component import DevicePluginComponent
 from nodeagent.deviceplugin.response import ENV_VISIBLE_DEVICES
 from nodeagent.health.watch import HealthWatch
 from standins.kubelet_devices import AdmissionError, Call
+from tests.nodeagent.conftest import ContainerdTestbed, KubeletFactory
 from tests.nodeagent.deviceplugin.kit import RESOURCE, Node, running_node
 from tests.nodeagent.health.kit import NODE, make_context, node_config
 
@@ -35,7 +38,8 @@ async def test_registers_and_advertises_every_gpu_by_uuid() -> None:
         assert request.version == "v1beta1"
         assert request.endpoint == "flexlease-gpu.sock"
         assert request.resource_name == RESOURCE
-        assert request.options.get_preferred_allocation_available and request.options.pre_start_required
+        assert request.options.get_preferred_allocation_available
+        assert not request.options.pre_start_required  # kubelet starts GPU containers without the agent
         assert node.kubelet.plugins[RESOURCE].devices == {u: "Healthy" for u in node.uuids}
         assert all(u.startswith("GPU-") for u in node.uuids)
         # Node capacity shows the count only at kubelet's next node status update
@@ -122,11 +126,11 @@ async def test_pods_bound_in_quick_succession_each_get_exactly_their_assigned_gp
             assert got[name] == want, name
             assert set(node.kubelet.allocated("default", name)["main"]) == want
 
-        # the observed call sequence: GPA(all available, no must-include, size 2) → Allocate → PreStart
+        # the observed call sequence: GPA(all available, no must-include, size 2) → Allocate
         first = node.kubelet.calls[:3]
         assert first[0] == Call("GetPreferredAllocation", available=tuple(sorted(node.uuids)), size=2)
         assert first[1].method == "Allocate" and set(first[1].devices) == got["p0"]
-        assert first[2].method == "PreStartContainer" and set(first[2].devices) == set(got["p0"])
+        assert first[2].method == "GetPreferredAllocation"  # the next pod's: no PreStartContainer
         assert sample(node, "flexlease_deviceplugin_allocations_total", result="matched") == 4.0
         assert sample(node, "flexlease_deviceplugin_allocations_total", result="unmatched") == 0.0
 
@@ -258,13 +262,24 @@ async def test_after_an_agent_restart_allocated_pods_are_not_pending() -> None:
             await asyncio.wait_for(task, 10)
 
 
-async def test_gpu_ids_are_shuffled_by_kubelet_in_prestart_and_still_accepted() -> None:
+async def test_prestart_is_not_required_but_still_answers_shuffled_ids() -> None:
+    """kubelet never calls PreStartContainer (the option is off); a caller that does anyway,
+    with the IDs in another order, gets an answer."""
     async with running_node(gpus=4) as node:
         await node.bind("p", [1, 2])
         assert await node.admit("p", 2) == node.ids(1, 2)
-        pre = [c for c in node.kubelet.calls if c.method == "PreStartContainer"]
+        await node.kubelet.pre_start_container("default", "p", "main")  # each container start
+        assert not [c for c in node.kubelet.calls if c.method == "PreStartContainer"]
         allocate = next(c for c in node.kubelet.calls if c.method == "Allocate")
-        assert pre[0].devices == tuple(reversed(allocate.devices)) and set(pre[0].devices) == node.ids(1, 2)
+        socket = node.ctx.settings.agent.device_plugin_dir / node.ctx.settings.agent.device_plugin_socket
+        async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
+            options = await rpc.unary_call(
+                channel, rpc.DEVICE_PLUGIN, "GetDevicePluginOptions", pb.DevicePluginOptions
+            )(pb.Empty(), timeout=5)
+            assert not options.pre_start_required and options.get_preferred_allocation_available
+            await rpc.unary_call(
+                channel, rpc.DEVICE_PLUGIN, "PreStartContainer", pb.PreStartContainerResponse
+            )(pb.PreStartContainerRequest(devices_ids=list(reversed(allocate.devices))), timeout=5)
 
 
 async def test_pods_admitted_in_another_order_than_bound_still_get_their_gpus() -> None:
@@ -357,3 +372,45 @@ async def test_pods_kubelet_still_lists_after_their_deletion_are_no_mismatch() -
         # kubelet has not torn the pod down yet: it still lists it with its GPU
         assert await node.plugin.reconciler.reconcile() == []
         assert sample(node, "flexlease_deviceplugin_mismatches_total") == 0.0
+
+
+@pytest.mark.containerd
+async def test_a_gpu_container_that_dies_while_the_agent_is_away_is_restarted(
+    cri: GrpcCri, containerd_testbed: ContainerdTestbed, standin_kubelet: KubeletFactory
+) -> None:
+    """The agent stops (a DaemonSet rollout, a crash, an OOM kill) and a trainer's process dies:
+    kubelet restarts the container at once, holding the same GPU, without the agent — its
+    plugin did not ask for PreStartContainer. (Registered with PreStartRequired, kubelet fails
+    the start with CreateContainerConfigError until the agent is back.)"""
+    async with running_node(gpus=2) as node:
+        await node.bind("trainer-0", [1], image=containerd_testbed.trainer_v1)
+        kubelet = standin_kubelet(node.store, NODE, devices=node.kubelet)
+        await kubelet.sync_once()  # admitted through the agent's plugin, started
+        sandbox = kubelet.sandbox_id("default", "trainer-0")
+        [first] = [
+            c for c in await cri.list_containers(sandbox_id=sandbox) if c.state is ContainerState.RUNNING
+        ]
+        env = await cri.exec_sync(first.id, ["sh", "-c", f"echo ${ENV_VISIBLE_DEVICES}"], timeout_seconds=5)
+        assert env.stdout.strip() == node.uuids[1].encode()
+
+        node.stop.set()  # the agent goes away
+        await asyncio.wait_for(node.task, 10)
+        plugin = node.kubelet.plugins[RESOURCE]
+        async with asyncio.timeout(10):
+            while not plugin.stopped:
+                await plugin.changed.wait()
+        await cri.stop_container(first.id, timeout_seconds=3)  # the trainer's process ends
+        await kubelet.sync_once()
+
+        running = [
+            c for c in await cri.list_containers(sandbox_id=sandbox) if c.state is ContainerState.RUNNING
+        ]
+        failed = [e.message for e in kubelet.events if e.reason == "Failed"]
+        assert not failed, failed
+        [again] = running
+        assert again.attempt == 1
+        env = await cri.exec_sync(again.id, ["sh", "-c", f"echo ${ENV_VISIBLE_DEVICES}"], timeout_seconds=5)
+        assert env.stdout.strip() == node.uuids[1].encode()  # the same GPU
+        pod = await node.store.get(Kind.POD, "trainer-0", namespace="default")
+        [status] = pod["status"]["containerStatuses"]
+        assert "running" in status["state"] and status["restartCount"] == 1

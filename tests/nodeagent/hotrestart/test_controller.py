@@ -267,3 +267,29 @@ async def test_containerd_restart_during_the_operation_resumes(
     assert [c.id for c in running] == [status.container_id]
     assert running[0].attempt == 1
     assert await _version(cri, running[0].id) == b"v2"
+
+
+async def test_direct_restart_to_an_image_that_cannot_start_is_reported_and_rolled_back(
+    cri: GrpcCri, pods: Pods, store: MemoryStore, containerd_testbed: ContainerdTestbed
+) -> None:
+    """containerd refuses to start the replacement (StartError, exit code 128): the old
+    container's config runs again as the next attempt, and the status says so."""
+    pod = await _pod(store, pods, "job-5", containerd_testbed.trainer_v1)
+    async with _running(_controller(store, cri)):
+        await _request(
+            store, "job-5", id="broken", container="trainer", image=containerd_testbed.trainer_broken
+        )
+        status = await _final_status(store, "job-5", "broken")
+    assert status.phase is Phase.FAILED and status.message is not None
+    assert status.message.startswith("the replacement did not start: ")
+    assert "no-such-entrypoint" in status.message and "; rolled back to " in status.message
+    running = [c for c in await _trainers(cri, pod.sandbox_id) if c.state is ContainerState.RUNNING]
+    assert [c.id for c in running] == [status.container_id] and running[0].attempt == 2
+    assert await _version(cri, running[0].id) == b"v1"
+    assert status.attempt == 2
+    assert status.rollback is not None and status.rollback.phase is Phase.SUCCEEDED
+    assert status.rollback.container_id == status.container_id
+    assert status.rollback.image == containerd_testbed.trainer_v1
+    assert status.pause_seconds is not None and status.pause_seconds >= 0
+    failed = [c for c in await _trainers(cri, pod.sandbox_id) if c.attempt == 1]
+    assert failed == []  # the failed replacement was removed

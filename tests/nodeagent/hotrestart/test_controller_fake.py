@@ -22,7 +22,7 @@ from nodeagent.cri import podspec
 from nodeagent.cri.client import ContainerState
 from nodeagent.cri.fake import FakeCri
 from nodeagent.hotrestart.controller import HotRestartController, HotRestartMetrics, pending_request
-from nodeagent.hotrestart.model import Phase, Strategy, parse_status
+from nodeagent.hotrestart.model import HotRestartStatus, Phase, RollbackStatus, Strategy, parse_status
 from nodeagent.hotrestart.restarter import HotRestarter
 
 V1, V2 = "reg/t:v1", "reg/t:v2"
@@ -184,3 +184,32 @@ async def test_the_status_names_every_container_that_runs(store: FlakyStore) -> 
     assert final.message.startswith("2 containers named 'trainer' run in sandbox")
     assert all(c.id in final.message for c in running)
     assert final.container_id == running[-1].id
+
+
+async def test_a_final_status_with_a_rollback_under_way_is_still_pending(store: FlakyStore) -> None:
+    """The watch's pre-check enqueues a pod whose restart failed while its rollback has not
+    ended (the agent stopped in between), and not once the rollback ended."""
+    await setup(store)
+    failed = HotRestartStatus(
+        id="r1",
+        phase=Phase.FAILED,
+        strategy=Strategy.KUBELET,
+        container="trainer",
+        image=V2,
+        rollback=RollbackStatus(phase=Phase.IN_PROGRESS, image=V1),
+    )
+    await store.patch(
+        Kind.POD,
+        "p",
+        {"metadata": {"annotations": {keys.ANN_HOT_RESTART_STATUS: failed.render()}}},
+        namespace="ns",
+    )
+    assert pending_request(await store.get(Kind.POD, "p", namespace="ns"))
+    ended = failed.model_copy(update={"rollback": RollbackStatus(phase=Phase.SUCCEEDED, image=V1)})
+    await store.patch(
+        Kind.POD,
+        "p",
+        {"metadata": {"annotations": {keys.ANN_HOT_RESTART_STATUS: ended.render()}}},
+        namespace="ns",
+    )
+    assert not pending_request(await store.get(Kind.POD, "p", namespace="ns"))

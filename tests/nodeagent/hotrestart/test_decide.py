@@ -16,12 +16,13 @@ from nodeagent.hotrestart.decide import (
     Fail,
     PodFacts,
     Restart,
+    RollBack,
     RuntimeView,
     Skip,
     decide,
     replacement_config,
 )
-from nodeagent.hotrestart.model import HotRestartRequest, HotRestartStatus, Phase, Strategy
+from nodeagent.hotrestart.model import HotRestartRequest, HotRestartStatus, Phase, RollbackStatus, Strategy
 
 REQ = HotRestartRequest(id="r1", container="trainer", image="t:v2")
 # Run by flexlease itself (demo, tests): the direct strategy's case.
@@ -200,6 +201,19 @@ def test_kubelet_resume_confirms_by_image_id() -> None:
     assert isinstance(d, Fail) and "c1" in d.message and V1_ID in d.message and V2_ID in d.message
 
 
+def test_kubelet_resume_with_a_failed_replacement_puts_the_previous_spec_image_back() -> None:
+    old = kc("c0", 0, ContainerState.EXITED)
+    dead = ContainerInfo(
+        "c1", "sb", "trainer", 1, V2_ID, V2_ID, ContainerState.EXITED, exit_code=128, reason="StartError"
+    )
+    st = kstatus().model_copy(update={"previous_spec_image": "reg:5000/t:v1"})
+    d = krun(RuntimeView(KSANDBOX, (old, dead), V2), st, spec="reg:5000/t:v2")
+    assert isinstance(d, RollBack) and d.strategy is Strategy.KUBELET and d.image == "reg:5000/t:v1"
+    assert d.reason == "replacement container c1 (attempt 1) exited (StartError, exit code 128)"
+    # A status written by an agent that did not record the previous spec image: reported only.
+    assert isinstance(krun(RuntimeView(KSANDBOX, (old, dead), V2), kstatus(), spec="reg:5000/t:v2"), Fail)
+
+
 def test_kubelet_resume_reuses_the_recorded_spec_image() -> None:
     old = kc("c0", 0, ContainerState.RUNNING)
     digest = "reg:5000/t@sha256:" + "a" * 64
@@ -234,10 +248,33 @@ def test_in_progress_before_the_replacement_existed_starts_over() -> None:
     assert d == Restart("sb", old, 1, "t:v2", Strategy.DIRECT)
 
 
-def test_in_progress_with_dead_or_wrong_replacement_fails() -> None:
-    dead = c("c1", 1, ContainerState.EXITED, image="t:v2", reason="Error", exit_code=3, message="boom")
-    d = run(RuntimeView(SANDBOX, (c("c0", 0, ContainerState.EXITED), dead)), status(Phase.IN_PROGRESS))
-    assert d == Fail("replacement container c1 exited (Error, exit code 3): boom")
+def test_in_progress_with_dead_replacement_is_rolled_back_or_failed() -> None:
+    """Found on resuming: the replacement died. Rolled back (the old container's config as the
+    next attempt) by default; only reported when rollback is off or the old container is gone."""
+    old = c("c0", 0, ContainerState.EXITED)
+    dead = c("c1", 1, ContainerState.EXITED, image="t:v2", reason="StartError", exit_code=128, message="boom")
+    reason = "replacement container c1 (attempt 1) exited (StartError, exit code 128): boom"
+    view = RuntimeView(SANDBOX, (old, dead))
+    assert run(view, status(Phase.IN_PROGRESS)) == RollBack("sb", Strategy.DIRECT, 0, "t:v1", reason, 2, old)
+    off = decide(REQ, status(Phase.IN_PROGRESS), view, default_strategy=Strategy.DIRECT, rollback=False)
+    assert off == Fail(reason)
+    assert run(RuntimeView(SANDBOX, (dead,)), status(Phase.IN_PROGRESS)) == Fail(reason)  # c0 removed
+
+
+def test_a_rollback_under_way_is_resumed_and_an_ended_one_skipped() -> None:
+    old = c("c0", 0, ContainerState.EXITED)
+    dead = c("c1", 1, ContainerState.EXITED, image="t:v2", reason="StartError", exit_code=128)
+    under_way = status(Phase.FAILED).model_copy(
+        update={"rollback": RollbackStatus(phase=Phase.IN_PROGRESS, image="t:v1")}
+    )
+    assert under_way.rolling_back
+    view = RuntimeView(SANDBOX, (old, dead))
+    assert run(view, under_way) == RollBack("sb", Strategy.DIRECT, 0, "t:v1", "", 2, old)
+    ended = under_way.model_copy(update={"rollback": RollbackStatus(phase=Phase.SUCCEEDED, image="t:v1")})
+    assert isinstance(run(view, ended), Skip)
+
+
+def test_in_progress_with_wrong_replacement_fails() -> None:
     wrong = c("c1", 1, ContainerState.RUNNING, image="t:v9")
     d = run(RuntimeView(SANDBOX, (wrong,)), status(Phase.IN_PROGRESS))
     assert isinstance(d, Fail) and "t:v9" in d.message

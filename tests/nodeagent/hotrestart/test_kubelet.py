@@ -12,8 +12,10 @@ from nodeagent.cri.client import (
     SandboxState,
 )
 from nodeagent.hotrestart.kubelet import (
+    FAILURE_REASONS,
     Reference,
     alternate_reference,
+    container_status,
     image_patch,
     kubelet_managed,
     normalized_repository,
@@ -21,6 +23,7 @@ from nodeagent.hotrestart.kubelet import (
     restart_policy,
     runs_image,
     spec_image,
+    waiting_failure,
 )
 
 ID = "sha256:" + "1" * 64
@@ -94,3 +97,33 @@ def test_pod_spec_helpers() -> None:
     assert pod["spec"]["containers"][1]["image"] == "t:1"  # untouched
     with pytest.raises(KeyError):
         image_patch(pod, "nope", "x")
+
+
+def test_waiting_failure_is_a_new_failure_reason_only() -> None:
+    pod = {
+        "status": {
+            "containerStatuses": [
+                {"name": "sidecar", "state": {"running": {}}},
+                {
+                    "name": "trainer",
+                    "state": {"waiting": {"reason": "CreateContainerError", "message": "no cmd"}},
+                },
+            ]
+        }
+    }
+    entry = container_status(pod, "trainer")
+    assert (
+        entry is not None and container_status(pod, "absent") is None and container_status(None, "x") is None
+    )
+    assert waiting_failure(entry, baseline=None) == "CreateContainerError: no cmd"
+    assert waiting_failure(entry, baseline=entry) is None  # shown before the patch: not this restart's
+    creating = {"name": "trainer", "state": {"waiting": {"reason": "ContainerCreating"}}}
+    assert waiting_failure(creating, baseline=None) is None  # on the way, not failed
+    assert waiting_failure({"name": "trainer", "state": {"running": {}}}, baseline=None) is None
+    assert waiting_failure(None, baseline=None) is None
+    assert {
+        "CrashLoopBackOff",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "CreateContainerConfigError",
+    } <= FAILURE_REASONS

@@ -3,7 +3,9 @@ containerd restart run on real containerd in test_controller.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -79,11 +81,26 @@ async def test_failed_stop_removes_the_replacement() -> None:
 
 async def test_failed_start_rolls_back_to_the_old_config() -> None:
     cri, restarter, plan = await setup()
-    cri.fail["start_container"] = errors.CriError("exec format error")
+    cri.unstartable.add(V2)  # containerd: StartError, exit code 128
     outcome = await restarter.execute(plan, pod="ns/p")
     assert not outcome.succeeded
     assert "did not start" in outcome.message and "rolled back to reg/t:v1" in outcome.message
+    assert "no-such-entrypoint" in outcome.message
     assert running(cri) == [(V1, 2)]
+    assert outcome.rollback is not None and outcome.rollback.succeeded
+    assert outcome.rollback.container is not None and outcome.container_id == outcome.rollback.container.id
+    assert outcome.attempt == 2 and outcome.pause_seconds is not None and outcome.pause_seconds >= 0
+
+
+async def test_failed_start_with_rollback_off_is_only_reported() -> None:
+    cri, _, plan = await setup()
+    restarter = HotRestarter(cri, ImagePuller(cri, ImageMetrics(CollectorRegistry())), rollback=False)
+    cri.unstartable.add(V2)
+    outcome = await restarter.execute(plan, pod="ns/p")
+    assert not outcome.succeeded and outcome.message.endswith("not rolled back (rollback is off)")
+    assert running(cri) == [] and outcome.rollback is None
+    [failed] = [c for c in cri.containers.values() if c.attempt == 1]
+    assert (failed.state, failed.exit_code, failed.reason) == (ContainerState.EXITED, 128, "StartError")
 
 
 async def test_unavailable_runtime_propagates_for_a_retry() -> None:
@@ -134,3 +151,90 @@ async def test_a_checkpoint_without_a_cache_fails_before_touching_anything() -> 
     assert not outcome.succeeded and "no checkpoint cache" in outcome.message
     assert outcome.prelaunch is not None and not outcome.prelaunch.ready
     assert running(cri) == [(V1, 0)] and cri.pulls == []
+
+
+def _kubelet_restarter(cri: FakeCri, wait: float = 60.0) -> HotRestarter:
+    return HotRestarter(
+        cri, ImagePuller(cri, ImageMetrics(CollectorRegistry())), kubelet_wait_seconds=wait, poll_seconds=0.01
+    )
+
+
+async def test_kubelet_strategy_reports_a_crash_looping_replacement_with_its_newest_attempt() -> None:
+    """kubelet restarted the new image five times (StartError, exit code 128) before the agent
+    looked: Failed at once, long before the 60 s wait, naming the newest attempt."""
+    cri, _, plan = await setup(Strategy.KUBELET)
+    restarter = _kubelet_restarter(cri)
+    ref = podspec.PodRef("ns", "p", "uid-1")
+    cri.unstartable.add(V2)
+
+    async def kubelet_acts(image: str) -> None:  # the spec patch, and kubelet's work on it
+        await cri.stop_container(plan.old.id, timeout_seconds=1)
+        sandbox_config = await cri.pod_sandbox_config(plan.sandbox_id)
+        for attempt in range(1, 6):
+            config = podspec.container_config(ref, podspec.ContainerSpec("trainer", image), attempt=attempt)
+            cid = await cri.create_container(plan.sandbox_id, config, sandbox_config)
+            with pytest.raises(errors.CriError):
+                await cri.start_container(cid)
+
+    outcome = await asyncio.wait_for(restarter.execute(plan, pod="ns/p", patch_spec=kubelet_acts), 10)
+    assert not outcome.succeeded and outcome.spec_patched
+    assert outcome.attempt == 5
+    assert "(attempt 5) failed: StartError (exit code 128)" in outcome.message
+    assert outcome.old_exit_ns > 0 and outcome.image_id is not None
+
+
+async def test_kubelet_strategy_reports_kubelets_waiting_reason_once_the_old_container_stopped() -> None:
+    cri, _, plan = await setup(Strategy.KUBELET)
+    restarter = _kubelet_restarter(cri)
+    shown: dict[str, Any] = {"name": "trainer", "state": {"running": {}}}
+    stopped = asyncio.Event()
+
+    async def stop_later() -> None:  # kubelet kills the old container a moment later
+        await asyncio.sleep(0.2)
+        await cri.stop_container(plan.old.id, timeout_seconds=1)
+        stopped.set()
+
+    async def kubelet_acts(image: str) -> None:
+        # A failure reason already shown while the old container still runs: not trusted yet.
+        shown["state"] = {"waiting": {"reason": "CreateContainerError", "message": "no command specified"}}
+        tasks.append(asyncio.create_task(stop_later()))
+
+    tasks: list[asyncio.Task[None]] = []
+    outcome = await asyncio.wait_for(
+        restarter.execute(plan, pod="ns/p", patch_spec=kubelet_acts, container_status=lambda: dict(shown)), 10
+    )
+    assert stopped.is_set()
+    await asyncio.gather(*tasks)
+    assert not outcome.succeeded and outcome.spec_patched
+    assert outcome.message == (
+        "kubelet cannot run the replacement of 'trainer': CreateContainerError: no command specified"
+    )
+
+
+async def test_kubelet_rollback_waits_for_the_previous_image_to_run() -> None:
+    cri, _, plan = await setup(Strategy.KUBELET)
+    restarter = _kubelet_restarter(cri, wait=0.3)
+    ref = podspec.PodRef("ns", "p", "uid-1")
+    await cri.stop_container(plan.old.id, timeout_seconds=1)
+    patched: list[str] = []
+
+    async def kubelet_runs(image: str) -> None:
+        patched.append(image)
+        sandbox_config = await cri.pod_sandbox_config(plan.sandbox_id)
+        config = podspec.container_config(ref, podspec.ContainerSpec("trainer", image), attempt=2)
+        await cri.start_container(await cri.create_container(plan.sandbox_id, config, sandbox_config))
+
+    back = await restarter.roll_back_kubelet(
+        plan.sandbox_id, "trainer", image=V1, previous_attempt=0, patch_spec=kubelet_runs, pod="ns/p"
+    )
+    assert patched == [V1] and back.succeeded and back.container is not None
+    assert (back.container.attempt, back.container.state) == (2, ContainerState.RUNNING)
+
+    async def kubelet_away(image: str) -> None:
+        return None
+
+    await cri.stop_container(back.container.id, timeout_seconds=1)
+    gone = await restarter.roll_back_kubelet(
+        plan.sandbox_id, "trainer", image=V1, previous_attempt=0, patch_spec=kubelet_away, pod="ns/p"
+    )
+    assert not gone.succeeded and gone.message == f"kubelet did not run 'trainer' with {V1} within 0.3 s"
