@@ -15,8 +15,8 @@ reconcile reading afresh what decides a write:
    on loan (tagged for it, held by none of its pods);
 3. the lead time (:mod:`extender.autopilot.leadtime`), the demand
    (:mod:`extender.autopilot.demand`), the plan and the decision (:mod:`extender.autopilot.plan`);
-4. LIST the namespace's GPULeases: a lease of the owner not Done or Failed — the autopilot's or
-   anyone's — means hold (never two in flight);
+4. LIST the namespace's GPULeases: a lease of the owner not in a final phase (Done, Failed,
+   Cancelled) — the autopilot's or anyone's — means hold (never two in flight);
 5. a Lend or Reclaim is *created* as a GPULease named ``<policy>-<lend|reclaim>-<sequence>``
    with labels ``flexlease.io/policy`` and ``flexlease.io/policy-sequence``, then the status is
    written (demand, plan, forecast, lastDecision, conditions; a Lend or Reclaim stays the last
@@ -75,10 +75,10 @@ from flexlease.api.policy import (
     parse_policy,
 )
 from flexlease.api.resources import (
+    FINAL_PHASES,
     GPULeaseSpec,
     GPUNode,
     LeaseAction,
-    LeasePhase,
     parse_gpunode,
 )
 from flexlease.clock import Clock, SystemClock, format_time
@@ -98,7 +98,9 @@ COND_VALID: Final = "Valid"
 COND_DEMAND: Final = "DemandKnown"
 COND_IN_FLIGHT: Final = "LeaseInFlight"
 MIN_REQUEUE_SECONDS: Final = 1.0
-FINISHED: Final = frozenset({LeasePhase.DONE.value, LeasePhase.FAILED.value})
+FINISHED: Final = frozenset(phase.value for phase in FINAL_PHASES)
+"""Phases after which a lease is no longer in flight (a Cancelled one was superseded by a newer
+lease of its owner; see ``docs/concepts/right-of-return.md``)."""
 
 
 def policy_key(namespace: str, name: str) -> str:
@@ -123,8 +125,8 @@ def lease_owner(obj: JsonObj) -> str | None:
 
 
 def in_flight(leases: list[JsonObj], owner: str) -> list[str]:
-    """Names of ``owner``'s GPULeases whose phase is not Done or Failed (a lease not yet
-    reconciled has none: in flight too)."""
+    """Names of ``owner``'s GPULeases not in a final phase (Done, Failed, Cancelled); a lease
+    not yet reconciled has none: in flight too."""
     out: list[str] = []
     for obj in leases:
         status = obj.get("status")

@@ -297,10 +297,19 @@ class LeaseAction(enum.StrEnum):
 
 
 class LeasePhase(enum.StrEnum):
+    """``Pending`` (not taken up yet), ``InProgress``, and three final phases: ``Done`` (its end
+    state reached), ``Failed`` (invalid; nothing was done) and ``Cancelled`` (superseded by a
+    newer lease of the opposite action before it was done: ``status.supersededBy``)."""
+
     PENDING = "Pending"
     IN_PROGRESS = "InProgress"
     DONE = "Done"
     FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+FINAL_PHASES = frozenset({LeasePhase.DONE, LeasePhase.FAILED, LeasePhase.CANCELLED})
+"""Phases a lease never leaves: the lease controller does not reconcile it again."""
 
 
 class LeaseDevice(KubeModel):
@@ -317,6 +326,13 @@ class LeaseDevice(KubeModel):
         default=None,
         description="Effective tier recorded by the lease controller in ``status`` (when lent); ignored "
         "in ``spec``. A reclaimed GPU must come back at this tier or above.",
+    )
+    in_kind: bool | None = Field(
+        default=None,
+        description="Recorded in ``status`` (ignored in ``spec``): a GPU of a standby-pool node the "
+        "owner held (a standby supplement) and lent. It went back to the standby pool untagged, and "
+        "the owner's right of return to it is in kind: this GPU when it is still free at the "
+        "Reclaim, else a standby GPU of the same model and a tier >= ``tier``.",
     )
 
     @property
@@ -371,7 +387,10 @@ class GPULeaseSpec(KubeModel):
 class Condition(KubeModel):
     """``metav1.Condition``."""
 
-    type: str = Field(description="``Accepted``, ``Tagged`` (Lend) or ``GPUsFreed`` (Reclaim).")
+    type: str = Field(
+        description="``Accepted``, ``Tagged`` (Lend), ``GPUsFreed`` and ``Returned`` (Reclaim), "
+        "``Superseded``."
+    )
     status: str = Field(description="``True``, ``False`` or ``Unknown``.")
     reason: str = Field(
         default="", description="A CamelCase reason, e.g. ``EvictionBlocked``, ``StandbyShortfall``."
@@ -381,12 +400,37 @@ class Condition(KubeModel):
 
 
 class Supplement(KubeModel):
-    """A lent GPU that could not be reclaimed and the standby GPU that replaced it."""
+    """A lent GPU that could not be reclaimed and the standby GPU that replaced it.
+    ``returned``: the owner's pods have held the replacement (the original is back in kind)."""
 
     original: LeaseDevice = Field(description="The lent GPU that could not be taken back.")
     replacement: LeaseDevice = Field(
         description="The standby GPU (same model, tier ≥ the original's lend-time tier) that replaced it."
     )
+    returned: bool | None = Field(
+        default=None,
+        description="True once the owner's pods have held the replacement: the original is back in kind.",
+    )
+
+
+class Unrecoverable(KubeModel):
+    """A GPU of a Reclaim that can neither come back nor be replaced from the standby pool."""
+
+    node: str = Field(description="The lent GPU's node (its GPUNode's name).")
+    index: int = Field(ge=0, description="The lent GPU's NVML device index on that node.")
+    model: str | None = Field(default=None, description="Its lend-time GPU type (absent when unknown).")
+    tier: Tier | None = Field(default=None, description="Its lend-time tier (absent when unknown).")
+    reason: str = Field(
+        description="Why, a CamelCase word: ``NoStandbyOfModel`` (the standby pool holds no healthy "
+        "GPU of its model and tier), ``StandbyExhausted`` (it does, but none was free within "
+        "``lease.standby_wait_seconds``), ``LendRecordIncomplete`` (its lend-time model or tier is "
+        "unknown)."
+    )
+    message: str = Field(default="", description="The same in words, for people.")
+
+    @property
+    def key(self) -> DeviceKey:
+        return DeviceKey(self.node, self.index)
 
 
 class GPULeaseStatus(KubeModel):
@@ -394,13 +438,16 @@ class GPULeaseStatus(KubeModel):
 
     phase: LeasePhase = Field(
         default=LeasePhase.PENDING,
-        description="``Pending``, ``InProgress``, ``Done`` (Lend: every GPU released; Reclaim: the "
-        "owner's pods hold every lent GPU or its replacement) or ``Failed`` (see ``message``).",
+        description="``Pending``, ``InProgress``, or a final phase: ``Done`` (Lend: every GPU "
+        "released; Reclaim: every target is held by the owner's pods, replaced from the standby "
+        "pool and held, or listed in ``unrecoverable``), ``Failed`` (invalid, see ``message``) or "
+        "``Cancelled`` (superseded by a newer lease of the owner before it was done: "
+        "``supersededBy``).",
     )
     lent: list[LeaseDevice] = Field(
         default_factory=list,
         description="Lend: the GPUs lent, with their model and tier at lend time. Reclaim: the lent "
-        "GPUs it takes back, fixed at its first reconcile.",
+        "GPUs it takes back (its targets), fixed at its first reconcile.",
     )
     reclaimed: list[LeaseDevice] = Field(
         default_factory=list, description="Reclaim: lent GPUs the owner's pods hold again."
@@ -409,6 +456,19 @@ class GPULeaseStatus(KubeModel):
         default_factory=list,
         description="Reclaim: lent GPUs replaced one-for-one from the standby pool (failed, vanished, "
         "downgraded, or held by a pod that cannot be evicted).",
+    )
+    unrecoverable: list[Unrecoverable] = Field(
+        default_factory=list,
+        description="Reclaim: targets that can neither come back nor be replaced, each with its reason.",
+    )
+    still_lent: list[LeaseDevice] = Field(
+        default_factory=list,
+        description="A Cancelled Reclaim: the targets (or the standby replacements already chosen "
+        "for them) that stay lent; the owner's next Reclaim takes them.",
+    )
+    superseded_by: str | None = Field(
+        default=None,
+        description="The name of the newer lease of the opposite action that finished or cancelled this one.",
     )
     preempted_pods: list[str] = Field(
         default_factory=list,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from extender.autopilot.controller import AutopilotController, policy_key
+from extender.autopilot.controller import AutopilotController, in_flight, policy_key
 from extender.lease.controller import LeaseController
 from flexlease.api import keys
 from flexlease.api.policy import DecisionAction, GPULeasePolicy
@@ -229,6 +229,19 @@ async def test_dry_run_shows_the_plan_and_writes_no_lease(store: FaultyStore) ->
         )
         == 1
     )
+
+
+def test_only_leases_in_a_final_phase_are_out_of_flight() -> None:
+    """Done, Failed and Cancelled (superseded by a newer lease of the owner) are final; a lease
+    with no phase yet, Pending or InProgress is in flight; other owners' leases do not count."""
+    objs = [
+        lease(p.lower(), "Lend", count=1) for p in ("Done", "Failed", "Cancelled", "Pending", "InProgress")
+    ]
+    for obj, phase in zip(objs, ("Done", "Failed", "Cancelled", "Pending", "InProgress"), strict=True):
+        obj["status"] = {"phase": phase}
+    other = lease("other", "Lend", owner="online/other", count=1)
+    fresh = lease("fresh", "Reclaim", count=1)
+    assert in_flight([*objs, other, fresh], OWNER) == ["pending", "inprogress", "fresh"]
 
 
 async def test_never_two_leases_of_an_owner_in_flight(store: FaultyStore) -> None:
