@@ -86,7 +86,7 @@ from flexlease.logging import ctx
 from flexlease.store.base import EventType as WatchType
 from flexlease.store.base import JsonObj, Kind, Store
 from flexlease.store.informer import object_key
-from flexlease.store.leader import ElectionConfig, LeaderElector
+from flexlease.store.leader import LeaderElector, run_leader_only
 
 log = logging.getLogger(__name__)
 
@@ -761,18 +761,14 @@ async def serve(
     :mod:`flexlease.store.leader`), stopping it whenever leadership is lost. ``elector``: an
     elector the caller already runs (the extender shares one between bind and this
     controller); None: this function runs its own."""
-    if not settings.lease.leader_election:
-        await controller.run()
-        return
-    if elector is not None:
-        await elector.while_leading(controller.run, name="lease-controller-term")
-        return
-    elector = LeaderElector(store, ElectionConfig.from_settings(settings.lease, identity=instance))
-    async with asyncio.TaskGroup() as group:
-        group.create_task(elector.run(), name="lease-leader-election")
-        group.create_task(
-            elector.while_leading(controller.run, name="lease-controller-term"), name="lease-leading"
-        )
+    await run_leader_only(
+        controller.run,
+        settings.lease,
+        store=store,
+        instance=instance,
+        name="lease-controller",
+        elector=elector,
+    )
 
 
 async def run(

@@ -60,7 +60,7 @@ from flexlease.store import kube_auth
 from flexlease.store.base import EventType as WatchType
 from flexlease.store.base import JsonObj, Kind, Store
 from flexlease.store.informer import Backoff
-from flexlease.store.leader import ElectionConfig, LeaderElector
+from flexlease.store.leader import LeaderElector, run_leader_only
 
 log = logging.getLogger(__name__)
 
@@ -395,19 +395,14 @@ async def serve(
 ) -> None:
     """Run ``controller`` until cancelled; with ``settings.lease.leader_election`` only while
     this replica leads (sharing ``elector`` when given, else running its own)."""
-    if not settings.lease.leader_election:
-        await controller.run()
-        return
-    if elector is not None:
-        await elector.while_leading(controller.run, name="orchestrate-controller-term")
-        return
-    elector = LeaderElector(store, ElectionConfig.from_settings(settings.lease, identity=instance))
-    async with asyncio.TaskGroup() as group:
-        group.create_task(elector.run(), name="orchestrate-leader-election")
-        group.create_task(
-            elector.while_leading(controller.run, name="orchestrate-controller-term"),
-            name="orchestrate-leading",
-        )
+    await run_leader_only(
+        controller.run,
+        settings.lease,
+        store=store,
+        instance=instance,
+        name="orchestrate-controller",
+        elector=elector,
+    )
 
 
 RELAUNCH_CONTROLLER: Final = web.AppKey("relaunch_controller", RelaunchController)

@@ -367,3 +367,30 @@ class LeaderElector:
             return
         self._observe(written["spec"], str(written["metadata"]["resourceVersion"]))
         log.info("released the lease", extra=ctx(lease=f"{cfg.namespace}/{cfg.name}", identity=cfg.identity))
+
+
+async def run_leader_only(
+    work: Callable[[], Coroutine[Any, Any, None]],
+    settings: LeaseSettings,
+    *,
+    store: Store,
+    instance: str,
+    name: str,
+    elector: LeaderElector | None = None,
+) -> None:
+    """Run ``work()`` (a controller's ``run``) until cancelled: at once without
+    ``settings.leader_election``; else only while this replica (``instance``) leads, with
+    ``elector`` when the caller already runs one (the extender shares one between bind and its
+    controllers), or with an elector of its own, run beside it. Tasks are named after
+    ``name`` (``<name>-term``, ``<name>-leader-election``, ``<name>-leading``). An exception
+    from ``work`` propagates."""
+    if not settings.leader_election:
+        await work()
+        return
+    if elector is not None:
+        await elector.while_leading(work, name=f"{name}-term")
+        return
+    own = LeaderElector(store, ElectionConfig.from_settings(settings, identity=instance))
+    async with asyncio.TaskGroup() as group:
+        group.create_task(own.run(), name=f"{name}-leader-election")
+        group.create_task(own.while_leading(work, name=f"{name}-term"), name=f"{name}-leading")
