@@ -308,6 +308,15 @@ class LeaseSettings(_Group):
         description="Wait before retrying an eviction a PodDisruptionBudget refused, in seconds, when "
         "the API server gives no Retry-After.",
     )
+    standby_wait_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="How long a Reclaim waits for a standby GPU to replace a lent GPU that failed,"
+        " vanished, fell below its lend-time tier or is held by a pod that is never evicted, counted"
+        " from when the Reclaim was accepted. Past it, that GPU is listed in status.unrecoverable"
+        " (reason NoStandbyOfModel when the standby pool holds no healthy GPU of its model and"
+        " tier, StandbyExhausted when it does but none was free) and the Reclaim can end Done.",
+    )
     reconfigure_max_age_seconds: float = Field(
         default=600.0,
         gt=0,

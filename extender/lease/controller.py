@@ -15,9 +15,18 @@ informers for GPULease, GPUNode, Pod) only enqueue keys; one worker takes keys f
   and ``flexlease_lease_evictions_refused_total``.
 
   Event reasons: on the lease ``LendStarted``, ``LendDone``, ``ReclaimStarted``,
-  ``ReclaimDone``, ``LendFailed``/``ReclaimFailed``, ``Supplemented``, ``StandbyShortfall``,
-  ``EvictionBlocked``, ``InvalidSpec``; on pods ``PreemptNotice``, ``EvictionBlocked``,
-  ``Preempted``; on GPUNodes ``StandbyPool``.
+  ``ReclaimDone``, ``LendFailed``/``ReclaimFailed``, ``LendCancelled``/``ReclaimCancelled``
+  (superseded by a newer lease of the owner), ``Supplemented``, ``StandbyShortfall``,
+  ``Unrecoverable``, ``EvictionBlocked``, ``InvalidSpec``; on pods ``PreemptNotice``,
+  ``EvictionBlocked``, ``Preempted``; on GPUNodes ``StandbyPool``. A lease change also
+  enqueues the other open leases (one may now be superseded, or stop waiting).
+
+  The interface for writers of GPULeases (operators, the lease autopilot): create a Lend
+  (``devices`` released, or ``count`` before the pods go) and a Reclaim (``count`` or
+  ``devices``); never edit one; read ``status.phase`` (final: Done, Failed, Cancelled) and the
+  per-device lists. An owner's leases are ordered by ``creationTimestamp`` then name (name
+  them so that, within one second, the newer sorts last), and the newest wins (see
+  :mod:`extender.lease.planner`, "Overlap").
 * ``cluster``: release the tags of GPUs their owner's pods hold again, give critical
   ReplicaSet pods the highest ``controller.kubernetes.io/pod-deletion-cost``
   (:mod:`extender.lease.deletion_cost`), keep the standby pool at ``standby_pool_size``
@@ -221,7 +230,8 @@ class LeaseController:
         if type is WatchType.DELETED:
             self._blocked.pop(key, None)
         self._queue.add(key)
-        self._queue.add(CLUSTER_KEY)  # gauges count outstanding reclaims
+        # the owner's other open leases may now be superseded, or stop waiting for this one
+        self._enqueue_world()  # (and the gauges count outstanding reclaims)
 
     def _world_changed(self, type: WatchType, obj: JsonObj) -> None:
         self._enqueue_world()
@@ -261,10 +271,7 @@ class LeaseController:
             open_keys: list[str] = []
             for obj in self._leases.values():
                 status = obj.get("status") or {}
-                if not isinstance(status, dict) or status.get("phase") not in (
-                    LeasePhase.DONE,
-                    LeasePhase.FAILED,
-                ):
+                if not isinstance(status, dict) or status.get("phase") not in FINISHED:
                     meta = _meta(obj)
                     open_keys.append(lease_key(str(meta.get("namespace") or ""), str(meta.get("name") or "")))
             self._open_leases = (generation, open_keys)
@@ -410,6 +417,7 @@ class LeaseController:
             now=now,
             blocked=self._blocked.get(key),
             right_of_return=self._right_of_return,
+            standby_wait=self._settings.standby_wait_seconds,
         )
         ref = ObjectRef.lease(namespace, name, lease.metadata.uid)
 
@@ -453,6 +461,22 @@ class LeaseController:
         returned = len(plan.status.reclaimed) - len(lease.status.reclaimed)
         if returned > 0:
             self.metrics.reclaimed_gpus.inc(returned)
+        known = {u.key for u in lease.status.unrecoverable}
+        for entry in plan.status.unrecoverable:
+            if entry.key not in known:
+                self.metrics.unrecoverable.labels(reason=entry.reason).inc()
+                log.warning(
+                    "lent GPU unrecoverable",
+                    extra=ctx(
+                        lease=f"{namespace}/{name}",
+                        gpu=str(entry.key),
+                        reason=entry.reason,
+                        detail=entry.message,
+                    ),
+                )
+        if plan.status.superseded_by is not None and lease.status.superseded_by is None:
+            phase = plan.status.phase.value
+            self.metrics.superseded.labels(action=lease.spec.action.value, phase=phase).inc()
         if (
             lease.spec.action is LeaseAction.RECLAIM
             and plan.status.phase is LeasePhase.DONE

@@ -27,6 +27,10 @@ NOTICES: Final = "flexlease_lease_preempt_notices"
 SUPPLEMENTS: Final = "flexlease_lease_standby_supplements"
 RECLAIMED_GPUS: Final = "flexlease_lease_reclaimed_gpus"
 RECONCILE_ERRORS: Final = "flexlease_lease_reconcile_errors"
+UNRECOVERABLE: Final = "flexlease_lease_unrecoverable_gpus"
+SUPERSEDED: Final = "flexlease_lease_superseded"
+UNRECOVERABLE_REASONS: Final = ("NoStandbyOfModel", "StandbyExhausted", "LendRecordIncomplete")
+"""The ``reason`` values of :data:`UNRECOVERABLE` (``extender.lease.planner.UNRECOVERABLE_*``)."""
 
 RECLAIM_BUCKETS: Final = (5.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 """Seconds; the grace period alone is 30–60 s, so most reclaims with LP pods land past 30."""
@@ -104,6 +108,24 @@ class LeaseMetrics:
         )
         for kind in ("lease", "cluster"):
             self.reconcile_errors.labels(kind=kind)
+        self.unrecoverable = Counter(
+            UNRECOVERABLE,
+            "Lent GPUs a Reclaim could neither bring back nor replace from the standby pool, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in UNRECOVERABLE_REASONS:
+            self.unrecoverable.labels(reason=reason)
+        self.superseded = Counter(
+            SUPERSEDED,
+            "GPULeases ended by a newer lease of the opposite action of their owner, by action and"
+            " outcome (Done: it had reached its end state; Cancelled).",
+            ["action", "phase"],
+            registry=registry,
+        )
+        for action in ("Lend", "Reclaim"):
+            for phase in ("Done", "Cancelled"):
+                self.superseded.labels(action=action, phase=phase)
         registry.register(_GaugeCollector(self))
 
     @property

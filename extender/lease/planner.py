@@ -18,15 +18,20 @@ other pods hold) is refused — Failed, condition reason ``CriticalRole``, a ``L
 Warning Event — instead of waiting for a coordinator to go. In both forms ``count`` counts
 released GPUs, LA included: an HA or MA GPU is tagged ``spec.devices["<i>"].owner = <owner>``
 with ``leasedAt`` and recorded with its model and tier in ``status.lent``; an LA GPU goes back
-untagged. A GPU the owner's pods still hold is waited for. Done when every GPU is released.
+untagged. An HA or MA GPU of a standby-pool node (a standby supplement the owner held) goes
+back to the standby pool untagged and is recorded ``inKind``: the owner's right-of-return to
+it is in kind (this GPU when it is still free at the Reclaim, else a standby GPU of the same
+model and a tier >= its lend-time tier). A GPU the owner's pods still hold is waited for.
+Done when every GPU is released.
 
 **Reclaim** (the owner scales up). The targets are fixed on the first reconcile and recorded
 in ``status.lent``: ``spec.devices`` (each must be lent by the owner), or ``count`` of the
-owner's outstanding lent GPUs (tagged ones, plus ledger records of GPUs whose GPUNode is gone),
-cheapest first (already held by the owner, free, held by LP pods, then the rest); a count larger
-than what is outstanding takes everything. Per target, every reconcile:
+owner's outstanding loans (:func:`_outstanding`: lent GPUs still tagged for it, lent in kind
+and not held by it, or on a vanished GPUNode), cheapest first (already held by the owner,
+free, held by LP pods, then the rest); a count larger than what is outstanding takes
+everything. Per target, every reconcile:
 
-* held by a pod of the owner → reclaimed (``status.reclaimed``; the tag is released);
+* held by a pod of the owner → back (``status.reclaimed``; the tag is released);
 * held by an LP pod (priority label not ``high``) → graceful reclaim: ``preempt-deadline`` =
   now + ``gracePeriodSeconds`` on the pod and an Event; once past the deadline, evict;
 * failed (Unhealthy/Unknown), vanished (device or GPUNode gone), downgraded below its
@@ -35,19 +40,35 @@ than what is outstanding takes everything. Per target, every reconcile:
   (a coordinator, Ray head or rank 0 is never evicted: WeFlex §3.4) → replaced one-for-one
   by a free, untagged, healthy standby GPU of the same model and a tier >= the original's
   lend-time tier (lowest adequate tier first), tagged with the owner and recorded in
-  ``status.supplementedFromStandby``; no such GPU → wait (condition ``GPUsFreed`` reason
-  ``StandbyShortfall``);
+  ``status.supplementedFromStandby`` (``returned`` once the owner's pods hold it); no such GPU
+  → wait (condition ``GPUsFreed`` reason ``StandbyShortfall``) until ``standby_wait`` seconds
+  after the Reclaim was accepted, then **unrecoverable** (``status.unrecoverable``: reason
+  ``NoStandbyOfModel`` when the pool holds no healthy GPU of that model and tier,
+  ``StandbyExhausted`` when none of them was free; ``LendRecordIncomplete`` at once when the
+  lend-time model or tier is unknown), its tag released, a Warning Event;
 * free and healthy → keep it tagged and wait for the owner's pods.
 
-Done when the owner's pods hold every target or its replacement; Failed when the rest can
-never be resolved (a replacement is needed but the original's model or tier is unknown).
+**End state** (DESIGN §2): Done when every target is back (the owner's pods held it or its
+replacement) or unrecoverable — exactly that, per device; until then InProgress, with
+condition ``Returned`` False and the reason it waits for (``WaitingForOwner``,
+``GracePeriod``, ``Evicting``, ``EvictionBlocked``, ``StandbyShortfall``). Failed only for an
+invalid spec.
+
+**Overlap** (:class:`~extender.lease.ledger.Ledger`): the newest directive of an owner wins.
+A Lend superseded by a newer Reclaim lends what is released now and ends Done (everything it
+asked for was lent) or Cancelled; a Pending Reclaim waits (``Accepted`` False,
+``WaitingForLend``) for older unfinished Lends and for older Reclaims a Lend supersedes, so that
+no lent GPU escapes it; an InProgress Reclaim superseded by a newer Lend ends Done (everything
+back) or Cancelled, handing what is not back over in ``status.stillLent`` (the target, or the
+replacement already chosen for it; standby ones back to the pool, in kind), where the next
+Reclaim finds it. Both carry ``status.supersededBy`` and condition ``Superseded``.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from datetime import datetime, timedelta
 
 from extender.lease.ledger import FINISHED, Ledger
@@ -64,10 +85,13 @@ from flexlease.api.resources import (
     LeasePhase,
     Pool,
     Supplement,
+    Unrecoverable,
 )
 from flexlease.api.tiers import Tier
 from flexlease.errors import PodSpecError
 
+DEFAULT_STANDBY_WAIT_SECONDS = 600.0
+"""``lease.standby_wait_seconds``' default (see :func:`plan_reclaim`)."""
 COND_ACCEPTED = "Accepted"
 """Set when the controller takes a lease up; its ``lastTransitionTime`` is when work began."""
 COND_TAGGED = "Tagged"
@@ -82,6 +106,25 @@ REASON_WAITING = "WaitingForRelease"
 REASON_TAGGED = "Tagged"
 REASON_CRITICAL = "CriticalRole"
 """A Lend refused because it would take GPUs from a pod whose role is critical."""
+COND_SUPERSEDED = "Superseded"
+"""Set when a newer lease of the opposite action ended this one: reason ``Finished`` (it
+reached its end state) or ``Cancelled``; ``status.supersededBy`` names the newer lease."""
+REASON_FINISHED = "Finished"
+REASON_CANCELLED = "Cancelled"
+COND_RETURNED = "Returned"
+"""A Reclaim's end state: True once every target is back, replaced or unrecoverable (reason
+``Returned`` or ``PartlyUnrecoverable``); False with the reason it waits for."""
+REASON_RETURNED = "Returned"
+REASON_PARTLY_UNRECOVERABLE = "PartlyUnrecoverable"
+REASON_WAITING_FOR_OWNER = "WaitingForOwner"
+REASON_WAITING_FOR_LEND = "WaitingForLend"
+UNRECOVERABLE_NO_STANDBY = "NoStandbyOfModel"
+"""A target needs a replacement and the standby pool holds no healthy GPU of its model with
+a tier >= its lend-time tier."""
+UNRECOVERABLE_EXHAUSTED = "StandbyExhausted"
+"""A target needs a replacement; the standby pool holds GPUs of its model and tier, none free."""
+UNRECOVERABLE_INCOMPLETE = "LendRecordIncomplete"
+"""A target needs a replacement and its lend-time model or tier is unknown."""
 
 
 class EventType(enum.StrEnum):
@@ -218,6 +261,8 @@ def _phase_notes(old: GPULeaseStatus, new: GPULeaseStatus, *, action: LeaseActio
         return [Note(f"{action.value}Done", new.message)]
     if new.phase is LeasePhase.FAILED:
         return [Note(f"{action.value}Failed", new.message, EventType.WARNING)]
+    if new.phase is LeasePhase.CANCELLED:
+        return [Note(f"{action.value}Cancelled", new.message)]
     return []
 
 
@@ -242,6 +287,29 @@ def _failed(lease: GPULease, message: str, *, now: datetime, reason: str = "Inva
     return LeasePlan(status=status, notes=tuple(_phase_notes(lease.status, status, action=lease.spec.action)))
 
 
+def _superseded(
+    lease: GPULease, status: GPULeaseStatus, *, by: str, finished: bool, detail: str, now: datetime
+) -> LeasePlan:
+    """End ``lease`` (its ``status`` as planned so far) because the newer lease ``by`` of the
+    opposite action supersedes it: Done (``finished``) or Cancelled, with condition
+    ``Superseded`` (reason ``Finished``/``Cancelled``), ``status.supersededBy`` and an Event."""
+    reason = REASON_FINISHED if finished else REASON_CANCELLED
+    message = f"superseded by {by}: {'finished' if finished else 'cancelled'}, {detail}"
+    new_status = status.model_copy(
+        update={
+            "phase": LeasePhase.DONE if finished else LeasePhase.CANCELLED,
+            "superseded_by": by,
+            "message": message if not status.message else f"{message} ({status.message})",
+            "conditions": set_condition(
+                status.conditions, type=COND_SUPERSEDED, status=True, reason=reason, message=message, now=now
+            ),
+        }
+    )
+    return LeasePlan(
+        status=new_status, notes=tuple(_phase_notes(lease.status, new_status, action=lease.spec.action))
+    )
+
+
 def _join(parts: Iterable[str]) -> str:
     return ", ".join(p for p in parts if p)
 
@@ -253,13 +321,30 @@ def _n(count: int, text: str) -> str:
 # --------------------------------------------------------------------------- Lend
 
 
-def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan:
-    """The next step of a Lend lease (see the module docstring). Never raises: bad input
-    becomes a Failed status with a message naming the problem."""
+def plan_lend(
+    lease: GPULease, view: ClusterView, *, now: datetime, superseded_by: str | None = None
+) -> LeasePlan:
+    """The next step of a Lend lease (see the module docstring). ``superseded_by``: the newer
+    Reclaim of the owner (:attr:`Ledger.superseded_by`): the Lend lends what is released now
+    and ends, Done when that is everything it asked for, else Cancelled. Never raises: bad
+    input becomes a Failed status with a message naming the problem."""
     status = lease.status
     if status.phase in FINISHED:
         return LeasePlan(status=status)
     spec = lease.spec
+    if (
+        superseded_by is not None
+        and spec.count is not None
+        and keys.ANN_LEND_BASELINE not in lease.metadata.annotations
+    ):
+        return _superseded(
+            lease,
+            status,
+            by=superseded_by,
+            finished=False,
+            detail="before it recorded the GPUs to lend: nothing was lent",
+            now=now,
+        )
     owner = spec.owner
     held = view.held_by(owner)
     critical = {d: h for h in view.holders.values() if h.belongs_to(owner) and h.critical for d in h.devices}
@@ -328,6 +413,7 @@ def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan
         status = _accept(status, f"lending the GPUs {owner}'s pods release", now=now)
     lent = list(status.lent)
     lent_keys = {d.key for d in lent}
+    in_kind = {d.key for d in lent if d.in_kind}
     tags: list[TagChange] = []
     untagged_la: list[DeviceKey] = []
     vanished: list[DeviceKey] = []
@@ -337,8 +423,10 @@ def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan
         if key in held:
             continue
         gpu = view.gpus.get(key)
-        if key in lent_keys:  # recorded before: make sure the tag is there
-            if gpu is not None and gpu.owner is None:
+        if key in lent_keys:  # recorded before: make sure the tag is there (in kind: is not)
+            if gpu is not None and key in in_kind and gpu.owner == owner:
+                tags.append(TagChange(key, None, leased_at=None))
+            elif gpu is not None and key not in in_kind and gpu.owner is None:
                 tags.append(TagChange(key, owner, leased_at=now))
             continue
         if gpu is None or not gpu.present:
@@ -347,6 +435,16 @@ def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan
             foreign.append(key)
         elif gpu.tier is None or gpu.tier < Tier.MA:
             untagged_la.append(key)
+            if gpu.owner == owner:
+                tags.append(TagChange(key, None, leased_at=None))
+        elif gpu.pool is Pool.STANDBY:
+            # a standby supplement the owner held goes back to the standby pool, untagged;
+            # the owner keeps a right-of-return in kind (DESIGN §2)
+            lent.append(_record(gpu).model_copy(update={"in_kind": True}))
+            lent_keys.add(key)
+            in_kind.add(key)
+            if gpu.owner is not None:
+                tags.append(TagChange(key, None, leased_at=None))
         else:
             lent.append(_record(gpu))
             lent_keys.add(key)
@@ -356,10 +454,12 @@ def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan
     released = len(candidates) - len(waiting)
     done = not waiting and released >= target
     chosen = set(candidates)
-    n_lent = sum(1 for d in lent if d.key in chosen)
+    n_lent = sum(1 for d in lent if d.key in chosen and not d.in_kind)
+    n_kind = sum(1 for d in lent if d.key in chosen and d.in_kind)
     message = _join(
         [
             f"lent {n_lent} HA/MA GPUs tagged for {owner}",
+            _n(n_kind, "standby GPUs back to the standby pool, lent in kind"),
             _n(len(untagged_la), "LA GPUs released untagged"),
             _n(len(vanished), "GPUs vanished before tagging"),
             _n(len(foreign), "GPUs left with another owner's tag"),
@@ -382,11 +482,21 @@ def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan
             ),
         }
     )
+    if superseded_by is not None:
+        not_lent = len(waiting) + max(0, target - len(candidates))
+        detail = (
+            "every GPU it asked for was lent"
+            if done
+            else f"{not_lent} GPUs its owner's pods did not release were not lent;"
+            f" the {len(lent)} lent stay lent"
+        )
+        superseded = _superseded(lease, new_status, by=superseded_by, finished=done, detail=detail, now=now)
+        return replace(superseded, baseline=new_baseline, tags=tuple(tags))
     return LeasePlan(
         status=new_status,
         baseline=new_baseline,
         tags=tuple(tags),
-        notes=tuple(_phase_notes(status, new_status, action=LeaseAction.LEND)),
+        notes=tuple(_phase_notes(lease.status, new_status, action=LeaseAction.LEND)),
     )
 
 
@@ -394,20 +504,29 @@ def plan_lend(lease: GPULease, view: ClusterView, *, now: datetime) -> LeasePlan
 
 
 def _outstanding(view: ClusterView, ledger: Ledger, owner: str) -> dict[DeviceKey, LeaseDevice]:
-    """The owner's GPUs out on loan: tagged ones, plus records whose GPUNode is gone."""
+    """The owner's GPUs out on loan and claimed by no other open Reclaim: lent GPUs still
+    tagged for it, lent GPUs whose GPUNode is gone, GPUs lent in kind that its pods do not
+    hold, and GPUs tagged for it without a record (an operator's tag). A tagged GPU its pods
+    took back is untagged by then and no longer out. Lend-time model and tier win over what
+    the agent reports now (it downgrades a failed GPU's tier at once)."""
     out: dict[DeviceKey, LeaseDevice] = {}
-    for gpu in view.tagged(owner):
-        if gpu.key in ledger.claimed:
-            continue
-        record = ledger.records.get(gpu.key)
-        # Lend-time model and tier win: the agent downgrades a failed GPU's tier at once.
-        if record is not None and ((record.model is not None and record.tier is not None) or not gpu.present):
-            out[gpu.key] = record
-        else:
-            out[gpu.key] = _record(gpu)
     for key, record in ledger.records.items():
-        if key.node not in view.pools and key not in ledger.claimed:
-            out.setdefault(key, record)
+        if key in ledger.claimed:
+            continue
+        gpu = view.gpus.get(key)
+        if record.in_kind:
+            if gpu is not None and gpu.holder is not None and gpu.holder.belongs_to(owner):
+                continue  # back with the owner before the Reclaim
+        elif key.node in view.pools and (gpu is None or gpu.owner != owner):
+            continue
+        complete = record.model is not None and record.tier is not None
+        if complete or gpu is None or not gpu.present:
+            out[key] = record
+        else:
+            out[key] = _record(gpu).model_copy(update={"in_kind": record.in_kind})
+    for gpu in view.tagged(owner):
+        if gpu.key not in ledger.claimed and gpu.key not in out:
+            out[gpu.key] = _record(gpu)
     return out
 
 
@@ -490,17 +609,18 @@ class _Progress:
     reclaimed_keys: set[DeviceKey] = field(default_factory=set)
     """The keys of ``reclaimed`` (kept with it: looked up once per target)."""
     supplements: dict[DeviceKey, Supplement] = field(default_factory=dict)
+    unrecoverable: dict[DeviceKey, Unrecoverable] = field(default_factory=dict)
+    new_unrecoverable: list[Unrecoverable] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     tags: dict[DeviceKey, TagChange] = field(default_factory=dict)
     notices: dict[str, Notice] = field(default_factory=dict)
     evictions: dict[str, Eviction] = field(default_factory=dict)
     notes: list[Note] = field(default_factory=list)
     returned: int = 0
-    waiting_owner: int = 0
+    waiting_owner: list[DeviceKey] = field(default_factory=list)
     in_grace: set[str] = field(default_factory=set)
     blocked: set[str] = field(default_factory=set)
     shortfall: list[str] = field(default_factory=list)
-    unresolvable: list[str] = field(default_factory=list)
     wake: float | None = None
 
     def tag(self, change: TagChange) -> None:
@@ -508,6 +628,37 @@ class _Progress:
 
     def wake_in(self, seconds: float) -> None:
         self.wake = seconds if self.wake is None else min(self.wake, seconds)
+
+    def give_up(self, target: LeaseDevice, reason: str, message: str, *, untag: DeviceKey | None) -> None:
+        """``target`` is unrecoverable (listed in the status and told in an Event); ``untag``:
+        the GPU (it, or its failed replacement) whose tag for the owner is released."""
+        if untag is not None:
+            self.tag(TagChange(untag, None, leased_at=None))
+        entry = Unrecoverable(
+            node=target.node,
+            index=target.index,
+            model=target.model,
+            tier=target.tier,
+            reason=reason,
+            message=message,
+        )
+        self.unrecoverable[target.key] = entry
+        self.new_unrecoverable.append(entry)
+
+
+def _standby_of_model(view: ClusterView, target: LeaseDevice) -> int:
+    """Healthy standby-pool GPUs of ``target``'s lend-time model with a tier >= its lend-time
+    tier, in any state (free, held, tagged)."""
+    return sum(
+        1
+        for g in view.gpus.values()
+        if g.pool is Pool.STANDBY
+        and not g.failed
+        and g.model == target.model
+        and g.tier is not None
+        and target.tier is not None
+        and g.tier >= target.tier
+    )
 
 
 def _reclaim_target(
@@ -520,11 +671,18 @@ def _reclaim_target(
     used: set[DeviceKey],
     blocked: Mapping[str, str],
     now: datetime,
+    waited: float,
+    standby_wait: float,
 ) -> None:
+    if target.key in p.unrecoverable:
+        return
     if target.key in p.reclaimed_keys:
         p.returned += 1
         return
     sup = p.supplements.get(target.key)
+    if sup is not None and sup.returned:
+        p.returned += 1
+        return
     current = sup.replacement.key if sup is not None else target.key
     gpu = view.gpus.get(current)
     if gpu is not None and gpu.holder is not None and gpu.holder.belongs_to(owner):
@@ -532,6 +690,8 @@ def _reclaim_target(
         if sup is None:
             p.reclaimed.append(target)
             p.reclaimed_keys.add(target.key)
+        else:
+            p.supplements[target.key] = sup.model_copy(update={"returned": True})
         if gpu.owner == owner:
             p.tag(TagChange(current, None, leased_at=None))
         return
@@ -544,14 +704,6 @@ def _reclaim_target(
         gpu is not None and gpu.tier is not None and target.tier is not None and gpu.tier < target.tier
     )
     if gpu is None or gpu.failed or foreign_hp or critical or downgraded:
-        if target.model is None or target.tier is None:
-            p.unresolvable.append(f"{target.key} (model or tier unknown)")
-            return
-        replacement = _pick_replacement(view, target, owner=owner, used=used)
-        if replacement is None:
-            p.shortfall.append(f"{target.key} ({target.model}, tier >= {target.tier.value})")
-            return
-        used.add(replacement.key)
         why = (
             "vanished"
             if gpu is None or not gpu.present
@@ -563,6 +715,30 @@ def _reclaim_target(
             if critical
             else f"downgraded to {gpu.tier.value if gpu.tier else '?'}"
         )
+        untag = gpu is not None and gpu.owner == owner  # released when given up or replaced
+        if target.model is None or target.tier is None:
+            reason = UNRECOVERABLE_INCOMPLETE
+            detail = "its lend-time model or tier is unknown, so no replacement can be chosen"
+            p.give_up(target, reason, f"{current} {why}; {detail}", untag=current if untag else None)
+            return
+        replacement = _pick_replacement(view, target, owner=owner, used=used)
+        if replacement is None:
+            wanted = f"{target.model}, tier >= {target.tier.value}"
+            if waited < standby_wait:
+                p.shortfall.append(f"{target.key} ({wanted})")
+                p.wake_in(standby_wait - waited)
+                return
+            pool = _standby_of_model(view, target)
+            reason = UNRECOVERABLE_EXHAUSTED if pool else UNRECOVERABLE_NO_STANDBY
+            detail = (
+                f"the standby pool's {pool} GPUs of that model and tier stayed in use"
+                if pool
+                else "the standby pool holds no healthy GPU of that model and tier"
+            )
+            message = f"{current} {why}; no standby GPU ({wanted}) within {standby_wait:g} s: {detail}"
+            p.give_up(target, reason, message, untag=current if untag else None)
+            return
+        used.add(replacement.key)
         p.supplements[target.key] = Supplement(original=_bare(target.key), replacement=_record(replacement))
         p.tag(TagChange(replacement.key, owner, leased_at=now))
         if gpu is not None and gpu.owner == owner:
@@ -574,7 +750,7 @@ def _reclaim_target(
                 f"({replacement.model}, {replacement.tier.value if replacement.tier else '?'})",
             )
         )
-        p.waiting_owner += 1
+        p.waiting_owner.append(replacement.key)
         return
     if gpu.holder is not None:  # an LP pod of another tenant: graceful reclaim
         holder = gpu.holder
@@ -611,7 +787,71 @@ def _reclaim_target(
         return
     if gpu.owner is None:  # free: keep it reserved for the owner's pods
         p.tag(TagChange(current, owner, leased_at=now))
-    p.waiting_owner += 1
+    p.waiting_owner.append(current)
+
+
+def _accepted_at(status: GPULeaseStatus) -> datetime | None:
+    return next((c.last_transition_time for c in status.conditions if c.type == COND_ACCEPTED), None)
+
+
+def _keys(devices: Iterable[DeviceKey], limit: int = 4) -> str:
+    shown = sorted(devices)
+    text = ", ".join(str(d) for d in shown[:limit])
+    return text + (f" and {len(shown) - limit} more" if len(shown) > limit else "")
+
+
+def _cancel_reclaim(lease: GPULease, view: ClusterView, *, by: str, now: datetime) -> LeasePlan:
+    """End an InProgress Reclaim that a newer Lend ``by`` supersedes: each target its owner's
+    pods hold (as itself or its replacement) is back, each unrecoverable one stays so, and
+    every other stays lent — the target itself, or the standby replacement already chosen for
+    it — in ``status.stillLent``, tagged for the owner (a GPU of a standby-pool node goes back
+    to the pool untagged, lent in kind, as a Lend does). No new replacement, notice or
+    eviction. Done when nothing stays lent, else Cancelled."""
+    status = lease.status
+    owner = lease.spec.owner
+    reclaimed = list(status.reclaimed)
+    reclaimed_keys = {d.key for d in reclaimed}
+    supplements = {s.original.key: s for s in status.supplemented_from_standby}
+    gone = {u.key for u in status.unrecoverable}
+    still: list[LeaseDevice] = []
+    tags: list[TagChange] = []
+    for target in status.lent:
+        if target.key in reclaimed_keys or target.key in gone:
+            continue
+        sup = supplements.get(target.key)
+        if sup is not None and sup.returned:
+            continue
+        record = sup.replacement if sup is not None else target
+        gpu = view.gpus.get(record.key)
+        if gpu is not None and gpu.holder is not None and gpu.holder.belongs_to(owner):
+            if sup is None:
+                reclaimed.append(target)
+                reclaimed_keys.add(target.key)
+            else:
+                supplements[target.key] = sup.model_copy(update={"returned": True})
+            continue
+        if gpu is not None and gpu.pool is Pool.STANDBY:
+            still.append(record.model_copy(update={"in_kind": True}))
+            if gpu.owner == owner:
+                tags.append(TagChange(record.key, None, leased_at=None))
+        else:
+            still.append(record.model_copy(update={"in_kind": None}))
+            if gpu is not None and gpu.owner is None:
+                tags.append(TagChange(record.key, owner, leased_at=now))
+    base = status.model_copy(
+        update={
+            "reclaimed": reclaimed,
+            "supplemented_from_standby": list(supplements.values()),
+            "still_lent": still,
+        }
+    )
+    detail = (
+        "every target was back or unrecoverable"
+        if not still
+        else f"{len(still)} GPUs not back stay lent: {_keys(d.key for d in still)}"
+    )
+    plan = _superseded(lease, base, by=by, finished=not still, detail=detail, now=now)
+    return replace(plan, tags=tuple(tags))
 
 
 def plan_reclaim(
@@ -621,12 +861,16 @@ def plan_reclaim(
     ledger: Ledger,
     now: datetime,
     blocked: Mapping[str, str] | None = None,
+    standby_wait: float = DEFAULT_STANDBY_WAIT_SECONDS,
 ) -> LeasePlan:
     """The next step of a Reclaim lease (see the module docstring).
 
-    ``ledger`` is the owner's history without this lease; ``blocked`` maps ``<ns>/<pod>`` to
-    the message of the last eviction a PodDisruptionBudget refused (reported in the status).
-    Never raises: bad input becomes a Failed status with a message.
+    ``ledger`` is the owner's history without this lease (and how this lease stands among
+    the owner's others: superseded, waiting); ``blocked`` maps ``<ns>/<pod>`` to the message of
+    the last eviction a PodDisruptionBudget refused (reported in the status);
+    ``standby_wait``: seconds since the Reclaim was accepted after which a target that needs a
+    standby replacement and has none is unrecoverable. Never raises: bad input becomes a
+    Failed status with a message.
     """
     status = lease.status
     if status.phase in FINISHED:
@@ -634,19 +878,50 @@ def plan_reclaim(
     owner = lease.spec.owner
     blocked = blocked or {}
     if status.phase is LeasePhase.PENDING:
+        if ledger.superseded_by is not None:
+            return _superseded(
+                lease,
+                status,
+                by=ledger.superseded_by,
+                finished=False,
+                detail="before it took its targets: nothing was claimed",
+                now=now,
+            )
+        if ledger.waits_for:
+            message = (
+                f"waiting for {', '.join(ledger.waits_for)} of {owner} to finish before taking its"
+                " targets (a Lend still settling, or a Reclaim a newer Lend cancels)"
+            )
+            conditions = set_condition(
+                status.conditions,
+                type=COND_ACCEPTED,
+                status=False,
+                reason=REASON_WAITING_FOR_LEND,
+                message=message,
+                now=now,
+            )
+            return LeasePlan(status=status.model_copy(update={"message": message, "conditions": conditions}))
         targets, problem = _choose_targets(lease, view, ledger=ledger)
         if problem:
             return _failed(lease, problem, now=now)
-        status = _accept(
-            status.model_copy(update={"lent": targets}), f"reclaiming {len(targets)} GPUs", now=now
+        asked = (
+            f" of {lease.spec.count} asked, all outstanding" if (lease.spec.count or 0) > len(targets) else ""
         )
+        status = _accept(
+            status.model_copy(update={"lent": targets}), f"reclaiming {len(targets)} GPUs{asked}", now=now
+        )
+    elif ledger.superseded_by is not None:
+        return _cancel_reclaim(lease, view, by=ledger.superseded_by, now=now)
     targets = list(status.lent)
+    started = _accepted_at(status) or lease.metadata.creation_timestamp or now
+    waited = max(0.0, (now - started).total_seconds())
 
     p = _Progress(
         noticed_before=frozenset(status.preempted_pods),
         reclaimed=list(status.reclaimed),
         reclaimed_keys={d.key for d in status.reclaimed},
         supplements={s.original.key: s for s in status.supplemented_from_standby},
+        unrecoverable={u.key: u for u in status.unrecoverable},
         preempted=list(status.preempted_pods),
     )
     used = (
@@ -662,11 +937,12 @@ def plan_reclaim(
             used=used,
             blocked=blocked,
             now=now,
+            waited=waited,
+            standby_wait=standby_wait,
         )
 
     total = len(targets)
-    done = p.returned == total
-    failed = not done and p.returned + len(p.unresolvable) == total
+    done = p.returned + len(p.unrecoverable) == total
     if p.shortfall:
         reason, freed = REASON_SHORTFALL, False
     elif p.blocked:
@@ -683,30 +959,52 @@ def plan_reclaim(
             f"{p.returned}/{total} GPUs back with {owner}",
             _n(len(p.reclaimed), "reclaimed"),
             _n(len(supplemented), "supplemented from standby"),
-            _n(p.waiting_owner, "free and waiting for the owner's pods"),
+            _n(len(p.unrecoverable), "unrecoverable"),
+            _n(len(p.waiting_owner), "free and waiting for the owner's pods"),
             _n(len(p.in_grace), "LP pods in their grace period"),
             _n(len(p.evictions), "LP pods being evicted"),
             _n(len(p.blocked), "evictions refused by a PodDisruptionBudget"),
-            "no standby GPU for " + "; ".join(p.shortfall) if p.shortfall else "",
-            "cannot replace " + "; ".join(p.unresolvable) if p.unresolvable else "",
+            "waiting for a standby GPU for " + "; ".join(p.shortfall) if p.shortfall else "",
         ]
     )
     cond_message = message
     if p.blocked:
         cond_message = "; ".join(f"{k}: {blocked[k]}" for k in sorted(p.blocked))
+    if done:
+        ret_reason = REASON_PARTLY_UNRECOVERABLE if p.unrecoverable else REASON_RETURNED
+        ret_message = message
+    else:
+        ret_reason = REASON_WAITING_FOR_OWNER if freed else reason
+        ret_message = (
+            f"waiting for {owner}'s pods to take {_keys(p.waiting_owner)}" if freed else cond_message
+        )
+    conditions = set_condition(
+        status.conditions, type=COND_FREED, status=freed, reason=reason, message=cond_message, now=now
+    )
+    conditions = set_condition(
+        conditions, type=COND_RETURNED, status=done, reason=ret_reason, message=ret_message, now=now
+    )
     new_status = status.model_copy(
         update={
-            "phase": LeasePhase.DONE if done else LeasePhase.FAILED if failed else LeasePhase.IN_PROGRESS,
+            "phase": LeasePhase.DONE if done else LeasePhase.IN_PROGRESS,
             "reclaimed": p.reclaimed,
             "supplemented_from_standby": supplemented,
+            "unrecoverable": list(p.unrecoverable.values()),
             "preempted_pods": p.preempted,
             "message": message,
-            "conditions": set_condition(
-                status.conditions, type=COND_FREED, status=freed, reason=reason, message=cond_message, now=now
-            ),
+            "conditions": conditions,
         }
     )
-    notes = [*p.notes, *_phase_notes(lease.status, new_status, action=LeaseAction.RECLAIM)]
+    notes = list(p.notes)
+    if p.new_unrecoverable:
+        notes.append(
+            Note(
+                "Unrecoverable",
+                "; ".join(f"{u.key}: {u.reason}: {u.message}" for u in p.new_unrecoverable),
+                EventType.WARNING,
+            )
+        )
+    notes.extend(_phase_notes(lease.status, new_status, action=LeaseAction.RECLAIM))
     old_reason = next((c.reason for c in lease.status.conditions if c.type == COND_FREED), None)
     if reason != old_reason and reason in (REASON_SHORTFALL, REASON_EVICTION_BLOCKED):
         notes.append(Note(reason, cond_message, EventType.WARNING))
@@ -728,6 +1026,7 @@ def plan_lease(
     now: datetime,
     blocked: Mapping[str, str] | None = None,
     right_of_return: bool = True,
+    standby_wait: float = DEFAULT_STANDBY_WAIT_SECONDS,
 ) -> LeasePlan:
     """Dispatch on ``spec.action`` to :func:`plan_lend` or :func:`plan_reclaim`. Without
     ``right_of_return`` (plain leasing, ``extender.right_of_return: false``) every lease is
@@ -740,8 +1039,8 @@ def plan_lease(
             now=now,
         )
     if lease.spec.action is LeaseAction.LEND:
-        return plan_lend(lease, view, now=now)
-    return plan_reclaim(lease, view, ledger=ledger, now=now, blocked=blocked)
+        return plan_lend(lease, view, now=now, superseded_by=ledger.superseded_by)
+    return plan_reclaim(lease, view, ledger=ledger, now=now, blocked=blocked, standby_wait=standby_wait)
 
 
 # --------------------------------------------------------------------------- cluster-wide

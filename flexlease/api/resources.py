@@ -297,10 +297,19 @@ class LeaseAction(enum.StrEnum):
 
 
 class LeasePhase(enum.StrEnum):
+    """``Pending`` (not taken up yet), ``InProgress``, and three final phases: ``Done`` (its end
+    state reached), ``Failed`` (invalid; nothing was done) and ``Cancelled`` (superseded by a
+    newer lease of the opposite action before it was done: ``status.supersededBy``)."""
+
     PENDING = "Pending"
     IN_PROGRESS = "InProgress"
     DONE = "Done"
     FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+FINAL_PHASES = frozenset({LeasePhase.DONE, LeasePhase.FAILED, LeasePhase.CANCELLED})
+"""Phases a lease never leaves: the lease controller does not reconcile it again."""
 
 
 class LeaseDevice(KubeModel):
@@ -317,6 +326,13 @@ class LeaseDevice(KubeModel):
         default=None,
         description="Effective tier recorded by the lease controller in ``status`` (when lent); ignored "
         "in ``spec``. A reclaimed GPU must come back at this tier or above.",
+    )
+    in_kind: bool | None = Field(
+        default=None,
+        description="Recorded in ``status`` (ignored in ``spec``): a GPU of a standby-pool node the owner "
+        "held (a standby supplement) and lent: it went back to the standby pool untagged, and the owner's "
+        "right-of-return to it is in kind (this GPU when it is still free at the Reclaim, else a standby "
+        "GPU of the same model and a tier >= ``tier``).",
     )
 
     @property
@@ -381,21 +397,51 @@ class Condition(KubeModel):
 
 
 class Supplement(KubeModel):
-    """A lent GPU that could not be reclaimed and the standby GPU that replaced it."""
+    """A lent GPU that could not be reclaimed and the standby GPU that replaced it.
+    ``returned``: the owner's pods have held the replacement (the original is back in kind)."""
 
     original: LeaseDevice = Field(description="The lent GPU that could not be taken back.")
     replacement: LeaseDevice = Field(
         description="The standby GPU (same model, tier ≥ the original's lend-time tier) that replaced it."
     )
+    returned: bool | None = Field(
+        default=None, description="The owner's pods have held the replacement (the original is back in kind)."
+    )
+
+
+class Unrecoverable(KubeModel):
+    """A GPU of a Reclaim that can neither come back nor be replaced from the standby pool:
+    ``reason`` is a CamelCase word (``NoStandbyOfModel``, ``StandbyExhausted``,
+    ``LendRecordIncomplete``), ``message`` says it in words. ``model``/``tier``: its lend-time
+    record (None when unknown)."""
+
+    node: str = Field(description="The GPU's node (its GPUNode's name).")
+    index: int = Field(ge=0, description="The GPU's NVML device index on that node.")
+    model: str | None = Field(default=None, description="GPU type recorded when it was lent.")
+    tier: Tier | None = Field(default=None, description="Effective tier recorded when it was lent.")
+    reason: str = Field(
+        description="Why, as a CamelCase word: NoStandbyOfModel, StandbyExhausted, LendRecordIncomplete."
+    )
+    message: str = Field(default="", description="The reason in words.")
+
+    @property
+    def key(self) -> DeviceKey:
+        return DeviceKey(self.node, self.index)
 
 
 class GPULeaseStatus(KubeModel):
-    """Progress of the directive, written by the lease controller."""
+    """What the lease controller did. Lend: ``lent`` (each GPU with its lend-time model and
+    tier). Reclaim: ``lent`` (its targets), ``reclaimed`` (targets back with the owner),
+    ``supplementedFromStandby`` (target → standby replacement), ``unrecoverable`` (targets
+    neither back nor replaceable, with the reason), ``stillLent`` (a Cancelled Reclaim: the
+    targets, or their chosen replacements, that stay lent to the platform), ``preemptedPods``.
+    ``supersededBy``: the newer lease of the opposite action that finished or cancelled this one."""
 
     phase: LeasePhase = Field(
         default=LeasePhase.PENDING,
-        description="``Pending``, ``InProgress``, ``Done`` (Lend: every GPU released; Reclaim: the "
-        "owner's pods hold every lent GPU or its replacement) or ``Failed`` (see ``message``).",
+        description="``Pending``, ``InProgress``, ``Done`` (Lend: every GPU released; Reclaim: every lent "
+        "GPU is held by the owner's pods, replaced one-for-one from the standby pool, or listed in "
+        "``unrecoverable``), ``Cancelled`` or ``Failed`` (see ``message``).",
     )
     lent: list[LeaseDevice] = Field(
         default_factory=list,
@@ -409,6 +455,19 @@ class GPULeaseStatus(KubeModel):
         default_factory=list,
         description="Reclaim: lent GPUs replaced one-for-one from the standby pool (failed, vanished, "
         "downgraded, or held by a pod that cannot be evicted).",
+    )
+    unrecoverable: list[Unrecoverable] = Field(
+        default_factory=list,
+        description="Reclaim: lent GPUs neither back nor replaceable from the standby pool, each with its "
+        "reason.",
+    )
+    still_lent: list[LeaseDevice] = Field(
+        default_factory=list,
+        description="A Cancelled Reclaim: the targets, or their chosen replacements, that stay lent.",
+    )
+    superseded_by: str | None = Field(
+        default=None,
+        description="The newer lease of the opposite action that finished or cancelled this one.",
     )
     preempted_pods: list[str] = Field(
         default_factory=list,

@@ -68,6 +68,26 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
         "--no-tide-shape", action="store_true", help="plain Fig. 2 cosine, without the Helios signal"
     )
     p.add_argument(
+        "--tide",
+        choices=("fig2", "irregular"),
+        default="fig2",
+        help="the online job's demand: the Fig. 2 tide (default) or irregular peaks and troughs of"
+        " 10 min to 6 h (a stress test of right-of-return at the edges)",
+    )
+    p.add_argument(
+        "--failure-scale",
+        type=float,
+        default=1.0,
+        help="multiply the GPU failure rates of the Fig. 5 model (default 1)",
+    )
+    p.add_argument(
+        "--standby-wait",
+        type=float,
+        default=600.0,
+        help="s a Reclaim waits for a standby replacement before it lists a lent GPU unrecoverable"
+        " (the lease controller's lease.standby_wait_seconds; default 600)",
+    )
+    p.add_argument(
         "--gpu-models",
         default=None,
         help='GPU models and their shares of the nodes, e.g. "NVIDIA H20:0.7,NVIDIA H100 80GB HBM3:0.3"'
@@ -101,6 +121,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
             trace=args.trace,
             data_dir=args.data,
             shape_tide=not args.no_tide_shape,
+            tide_kind=args.tide,
+            failure_scale=args.failure_scale,
+            standby_wait=args.standby_wait,
             lp_load=args.lp_load,
             lp_patience=args.lp_patience,
             tier_refresh=args.tier_refresh_hours * 3600.0,

@@ -30,6 +30,7 @@ the same run, byte for byte.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -39,9 +40,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from pydantic import ValidationError
+
+from flexlease import rightofreturn
 from flexlease.api import keys, resources
 from flexlease.api.pod import Assignment
-from flexlease.api.resources import DeviceKey, LeaseAction, LeasePhase, Pool
+from flexlease.api.resources import FINAL_PHASES, DeviceKey, GPULease, LeaseAction, LeasePhase, Pool
 from flexlease.api.tiers import Tier
 from flexlease.clock import ManualClock
 from flexlease.errors import FlexleaseError, NotFound, PodSpecError, StoreError, TooManyRequests
@@ -163,12 +167,22 @@ class Invariants:
     * ``job_above_peak``: the online job holds more GPUs than its peak allocation;
     * ``gpu_held_twice``: one GPU in the ``assigned-gpus`` of two live pods in the store;
     * ``lp_on_standby``: a low-priority pod holds a GPU of a standby-pool node;
-    * ``unaccounted_scale_ups``: a scale-up whose lent GPUs were not all counted as the same
-      device back, a standby supplement or missing (each counted on its own, from the
-      lease's status and the job's pods), or a finished Reclaim listing more standby
-      supplements than the lease controller announced in ``Supplemented`` Events;
+    * right-of-return, from device identities (:mod:`flexlease.rightofreturn`, observed after
+      every step): ``reclaim_done_without_gpus`` (a Done Reclaim's owner does not hold a
+      target nor its replacement, and it is not unrecoverable), ``reclaim_lost_gpus`` (a
+      Cancelled or Failed Reclaim left a target with no outcome), ``lent_gpu_untagged`` (a GPU
+      out on loan not tagged for its owner), ``reclaim_skipped_lent_gpus`` (a scale-up's
+      Reclaim left lent GPUs out), ``replacement_mismatch`` (a replacement of another model or
+      a lower tier than the lend-time record);
+    * ``cycle_unaccounted``: a closed cycle where lent + carried in is not returned before the
+      reclaim + back + replaced + unrecoverable + still lent, each GPU counted by identity, or
+      a lent GPU has none of these (``lost``);
+    * ``job_full_beside_lent_gpus``: the job holds its full size while a healthy GPU tagged for
+      it is free (its pods took other GPUs instead of the ones it lent);
+    * ``reclaim_events_missing``: a finished Reclaim lists more standby supplements than the
+      lease controller announced in ``Supplemented`` Events;
     * ``supplement_model_mismatch``: a standby supplement of another GPU model than the
-      lent GPU it replaces;
+      lent GPU it replaces (the simulated hardware's models);
     * ``assignment_mismatches``: bind's ``assigned-gpus``/``nodeName`` disagree with the
       node chosen or the GPUs asked for.
     """
@@ -177,7 +191,10 @@ class Invariants:
         "job_above_peak",
         "gpu_held_twice",
         "lp_on_standby",
-        "unaccounted_scale_ups",
+        *rightofreturn.INVARIANTS,
+        "cycle_unaccounted",
+        "job_full_beside_lent_gpus",
+        "reclaim_events_missing",
         "supplement_model_mismatch",
         "assignment_mismatches",
     )
@@ -230,7 +247,7 @@ class World:
 
     arrivals: tuple[traces.PodArrival, ...]
     lp_source: str
-    tide: tide.Tide
+    tide: tide.Demand
     tide_source: str
     outages: dict[DeviceKey, tuple[failures.Interval, ...]]
     model: failures.FailureModel
@@ -289,6 +306,15 @@ class Simulation:
         and the job's ownership tags (reading them from a watch instead of listing every
         GPUNode each tick: the lease controller moves nodes only while the extender settles,
         which also waits for this watch to have delivered every change)."""
+        self._leases = Informer(store, Kind.GPULEASE, handler=self._lease_event, name="sim-leases")
+        """The store's GPULeases as its watch delivers them, parsed once per change into
+        :attr:`_lease_objs`, for the right-of-return audit."""
+        self._lease_objs: dict[str, GPULease] = {}
+        self._tags: dict[DeviceKey, str] = {}
+        """Right-of-return tags (``GPUNode.spec.devices[i].owner``) as the GPUNode watch has them."""
+        self._node_tags: dict[str, tuple[DeviceKey, ...]] = {}
+        self.audit = rightofreturn.Audit()
+        """The right-of-return invariants, from device identities (:meth:`observe`)."""
         self._listed_pods = Informer(store, Kind.POD, handler=_ignore, name="sim-pods")
         """The store's Pods as its watch delivers them, for the hourly look at every pod
         (:meth:`reconcile_pods`, :meth:`check_invariants`): what a list would return once the
@@ -329,7 +355,6 @@ class Simulation:
         extender's share included, as it runs in the same process."""
         self.policy_kind = tide.ScalePolicy()
         self.released: list[DeviceKey] = []
-        self.reclaim_status: JsonObj = {}
         self.reclaim_name: str | None = None
 
     # ------------------------------------------------------------------ setup
@@ -751,7 +776,9 @@ class Simulation:
 
     async def update_gpus(self, t: float) -> None:
         """Health and tiers at ``t``: refresh every tier when a refresh period has passed,
-        otherwise downgrade GPUs in (or just out of) an outage; patch changed nodes."""
+        otherwise downgrade GPUs in (or just out of) an outage; patch changed nodes. The
+        audit observes first: a failure below takes GPUs from the job."""
+        self.observe()
         changed: set[str] = set()
         refresh = tiering.is_refresh_due(self.last_refresh, t, self.tiers)
         if refresh:
@@ -919,12 +946,7 @@ class Simulation:
             await self._scale_up(t)
 
     async def _scale_down(self, t: float) -> None:
-        if self.cycles and self.cycles[-1].up_at is not None:  # final account of the last cycle
-            if self.reclaim_name is not None:
-                with contextlib.suppress(NotFound):
-                    obj = await self.store.get(Kind.GPULEASE, self.reclaim_name, namespace=JOB_NAMESPACE)
-                    self.reclaim_status = obj.get("status") or {}
-            self._account_cycle(self.cycles[-1], final=True)
+        self.observe()  # the audit sees the job's GPUs before it gives half of them up
         to_release = tide.released_count(self.s.job_gpus)
         bound = sorted(
             (p for p in self._job_pods() if p.node), key=lambda p: (p.created, p.seq), reverse=True
@@ -937,7 +959,9 @@ class Simulation:
             chosen.append(pod)
             count += pod.gpus
         devices = [d for p in chosen for d in p.devices]
-        self.job_target = self.s.job_gpus - sum(p.gpus for p in chosen)
+        # what the job keeps: what it holds less what it releases (not its peak less that: a
+        # GPU still owed to it by an open Reclaim is not one it holds, and it stays owed)
+        self.job_target = sum(p.gpus for p in bound) - sum(p.gpus for p in chosen)
         for pod in self._job_pods():  # pending scale-up leftovers are dropped too
             if pod.node is None:
                 await self._delete_pod(pod)
@@ -950,8 +974,9 @@ class Simulation:
         self.cycles.append(cycle)
         self.released = devices
         if self.policy is Policy.ROR and devices:
+            name = f"lend-{len(self.cycles):04d}"
             lease = objects.gpulease(
-                f"lend-{len(self.cycles):04d}",
+                name,
                 JOB_OWNER,
                 action=LeaseAction.LEND,
                 devices=devices,
@@ -959,16 +984,20 @@ class Simulation:
             )
             started = self.now()
             await self.store.create(Kind.GPULEASE, lease)
-            final = await self._await_lease(lease["metadata"]["name"], self.s.lend_timeout)
+            cycle.lend = f"{JOB_NAMESPACE}/{name}"
+            final = await self._await_lease(name, self.s.lend_timeout)
             cycle.lend_s = self.now() - started
             cycle.lend_phase = _phase(final)
             status = (final or {}).get("status") or {}
-            cycle.lent_tagged = len(status.get("lent") or [])
-            cycle.lent_untagged = len(devices) - cycle.lent_tagged
+            lent = status.get("lent") or []
+            cycle.lent_in_kind = sum(1 for d in lent if d.get("inKind"))
+            cycle.lent_tagged = len(lent) - cycle.lent_in_kind
+            cycle.lent_untagged = len(devices) - len(lent)
             self.lend_lease = final
             if cycle.lend_phase != LeasePhase.DONE.value:
                 cycle.notes.append(f"Lend ended {cycle.lend_phase}: {status.get('message', '')}")
         await self.settle()
+        self.observe()
 
     async def _await_lease(self, name: str, limit_s: float) -> JsonObj | None:
         """Settle, then step the clock through the extender's deadlines until the lease is
@@ -983,7 +1012,7 @@ class Simulation:
             except NotFound:
                 return None
             phase = _phase(obj)
-            if phase in (LeasePhase.DONE.value, LeasePhase.FAILED.value):
+            if phase in FINAL_PHASE_VALUES:
                 return obj
             due = self.clock.next_due()
             if phase == LeasePhase.PENDING.value or due is None or due > limit:
@@ -1009,19 +1038,22 @@ class Simulation:
         cycle.up_at = t
         self.reclaim_name = None
         self.reclaim_started = None
-        self.reclaim_status = {}
         if self.policy is Policy.ROR:
+            self.observe()
             lent = ((self.lend_lease or {}).get("status") or {}).get("lent") or []
-            if lent:
-                await self._reclaim(cycle, len(lent), t)
+            if lent or self.audit.open_loans(JOB_OWNER):
+                # §4.4: "during each scale-up, all loaned GPUs were reclaimed" (a count above
+                # what is out on loan takes everything, carried-over loans included)
+                await self._reclaim(cycle, self.s.job_gpus, t)
         await self._fill_job(t)
         await self.settle()
         await self._schedule_round(t)
-        self._account_cycle(cycle)
+        self._note_back(cycle)
+        self.observe()
 
     async def _reclaim(self, cycle: metrics.Cycle, count: int, t: float) -> None:
         """Write the Reclaim and follow it at once; :meth:`advance_to` follows it up at each
-        of the controller's deadlines until it is Done or Failed."""
+        of the controller's deadlines until it is Done, Failed or Cancelled."""
         name = f"reclaim-{len(self.cycles):04d}"
         lease = objects.gpulease(
             name,
@@ -1031,16 +1063,18 @@ class Simulation:
             grace_period_seconds=self.s.grace_period_seconds,
         )
         await self.store.create(Kind.GPULEASE, lease)
+        cycle.reclaim = f"{JOB_NAMESPACE}/{name}"
         self.reclaim_name = name
         self.reclaim_started = t
         await self._follow_reclaim(t)
 
     async def _follow_reclaim(self, t: float) -> None:
         """Look at the open Reclaim: drop the pods the controller evicted, keep the pinned
-        reclaim pods in line with the job's tags and schedule them; once it is Done/Failed
-        (or the controller is missing), record its outcome on the current cycle."""
+        reclaim pods in line with the job's tags and schedule them; once it is final (or the
+        controller is missing), record its outcome on its cycle (the audit accounts it)."""
         assert self.reclaim_name is not None and self.reclaim_started is not None
-        cycle = self.cycles[-1] if self.cycles else None
+        key = f"{JOB_NAMESPACE}/{self.reclaim_name}"
+        cycle = next((c for c in reversed(self.cycles) if c.reclaim == key), None)
         await self.settle()
         evicted = await self.reconcile_pods(t)
         if cycle is not None:
@@ -1054,26 +1088,47 @@ class Simulation:
             await self.settle()  # the controller sees the binds (and may finish the lease)
             obj = await self._reclaim_lease()
             phase = _phase(obj)
+        self.observe()
         if phase == LeasePhase.IN_PROGRESS.value:
             return
         status = (obj or {}).get("status") or {}
-        self.reclaim_status = status
         if phase == LeasePhase.PENDING.value or phase is None:
             self._controller_timeout(self.reclaim_name, obj)
         if cycle is not None:
             cycle.reclaim_phase = phase
             cycle.reclaim_s = t - self.reclaim_started
-            self._account_cycle(cycle, final=True)
-            cycle.supplement_events = await self._supplement_events(self.reclaim_name)
-            if cycle.supplement_events < cycle.supplements_listed:
-                self.invariants.violated(
-                    "unaccounted_scale_ups",
-                    f"{self.reclaim_name}: {cycle.supplements_listed} standby supplements listed,"
-                    f" {cycle.supplement_events} Supplemented Events",
-                )
+            self._note_back(cycle)
+            await self._check_supplements(cycle, key, status)
             if phase != LeasePhase.DONE.value:
                 cycle.notes.append(f"Reclaim ended {phase}: {status.get('message', '')}")
         self.reclaim_started = None  # closed: the pods bound from here on are accounted
+
+    async def _check_supplements(self, cycle: metrics.Cycle, key: str, status: JsonObj) -> None:
+        """A finished Reclaim's standby supplements: each of the simulated hardware's model of
+        the GPU it replaces, each announced by a ``Supplemented`` Event."""
+        supplements = [
+            (
+                DeviceKey(s["original"]["node"], int(s["original"]["index"])),
+                DeviceKey(s["replacement"]["node"], int(s["replacement"]["index"])),
+            )
+            for s in status.get("supplementedFromStandby") or []
+        ]
+        cycle.supplements_listed = len(supplements)
+        models = self.world.gpu_models
+        cycle.supplement_model_mismatches = [
+            f"{original} supplemented by {replacement}"
+            for original, replacement in supplements
+            if models.get(original.node) != models.get(replacement.node)
+        ]
+        for detail in cycle.supplement_model_mismatches:
+            self.invariants.violated("supplement_model_mismatch", detail)
+        cycle.supplement_events = await self._supplement_events(key.split("/", 1)[1])
+        if cycle.supplement_events < cycle.supplements_listed:
+            self.invariants.violated(
+                "reclaim_events_missing",
+                f"{key}: {cycle.supplements_listed} standby supplements listed,"
+                f" {cycle.supplement_events} Supplemented Events",
+            )
 
     async def _supplement_events(self, lease: str) -> int:
         """``Supplemented`` Events the lease controller wrote about GPULease ``lease``."""
@@ -1094,21 +1149,22 @@ class Simulation:
             return None
 
     async def _owner_tags(self) -> dict[str, list[int]]:
-        """Devices tagged for the job that its pods do not hold, by node."""
-        out: dict[str, list[int]] = {}
+        """GPUs tagged for the job that are free and healthy, by node: what its reclaim pods can
+        take now (a tagged GPU an LP pod still holds waits for the eviction, a failed one for
+        the Reclaim's standby replacement; a pod sized to those would take other GPUs)."""
         await self.caught_up()
-        for obj in self._gpunodes.items():
-            node = obj["metadata"]["name"]
-            for idx, dev in ((obj.get("spec") or {}).get("devices") or {}).items():
-                key = DeviceKey(node, int(idx))
-                holder = self.pods.get(self.held.get(key, ""))
-                if (dev or {}).get("owner") == JOB_OWNER and not (holder and holder.high):
-                    out.setdefault(node, []).append(int(idx))
+        out: dict[str, list[int]] = {}
+        for key, owner in sorted(self._tags.items()):
+            if owner != JOB_OWNER or self.held.get(key, "") in self.pods:
+                continue
+            state = self.gpus.get(key)
+            if state is not None and state.healthy:
+                out.setdefault(key.node, []).append(key.index)
         return out
 
     async def _pin_reclaim_pods(self, t: float) -> None:
-        """Keep one pending reclaim pod per node, pinned there, sized to the job's unheld tags,
-        never beyond the job's size (``job_target``)."""
+        """Keep one pending reclaim pod per node, pinned there, sized to the job's free tagged
+        GPUs there, never beyond the job's size (``job_target``)."""
         wanted = {n: len(ix) for n, ix in (await self._owner_tags()).items()}
         for pod in [p for p in self._job_pods() if p.node is None and p.reclaim]:
             if pod.pinned is None or wanted.get(pod.pinned) != pod.gpus:
@@ -1123,14 +1179,45 @@ class Simulation:
                 await self._create_job_pod(size, t, pinned=node, reclaim=True)
                 room -= size
 
+    def _reclaim_reserved(self) -> int:
+        """GPUs the open Reclaim still brings back to the job that no pod of the job holds or
+        waits for pinned: its targets (or their replacements) not back and not unrecoverable
+        (while it is Pending: the job's open loans). The job's controller leaves room for them
+        instead of filling it with GPUs from anywhere."""
+        if self.reclaim_name is None:
+            return 0
+        lease = self._lease_objs.get(f"{JOB_NAMESPACE}/{self.reclaim_name}")
+        if lease is None or lease.status.phase in FINAL_PHASES:
+            return 0
+        status = lease.status
+        if status.phase is LeasePhase.PENDING:
+            due = len(self.audit.open_loans(JOB_OWNER))
+        else:
+            held = set(self._job_devices())
+            back = {d.key for d in status.reclaimed} | {u.key for u in status.unrecoverable}
+            current = {
+                s.original.key: (s.replacement.key, bool(s.returned))
+                for s in status.supplemented_from_standby
+            }
+            due = 0
+            for target in status.lent:
+                device, returned = current.get(target.key, (target.key, False))
+                if target.key not in back and not returned and device not in held:
+                    due += 1
+        pinned = sum(p.gpus for p in self._job_pods() if p.node is None and p.reclaim)
+        return max(0, due - pinned)
+
     async def _fill_job(self, t: float) -> None:
         """The job's controller: create pods for the rest of its current size
-        (``job_target``): at full size with right-of-return, pinned reclaim pods for GPUs
-        still tagged for it, then unpinned pods of whole nodes for the remainder."""
+        (``job_target``): at full size with right-of-return, pinned reclaim pods for the free
+        GPUs tagged for it, room for what the open Reclaim still brings back, then unpinned
+        pods of whole nodes for the remainder."""
+        reserved = 0
         if self.policy is Policy.ROR and self.size is tide.Scale.FULL:
             await self._pin_reclaim_pods(t)
+            reserved = self._reclaim_reserved()
         have = sum(p.gpus for p in self._job_pods())
-        missing = self.job_target - have
+        missing = self.job_target - have - reserved
         if missing > 0:
             for size in traces.split_pods(missing, self.s.gpus_per_node):
                 await self._create_job_pod(size, t, pinned=None, reclaim=False)
@@ -1143,63 +1230,20 @@ class Simulation:
         self.stats.job_interruption_s += cost
         log.debug("job restart", extra=ctx(t=t, reason=reason, seconds=cost))
 
-    def _account_cycle(self, cycle: metrics.Cycle, *, final: bool = False) -> None:
-        """Count, for the cycle, the released GPUs the job holds again and, with
-        right-of-return, each lent GPU as exactly one of: held again (same device),
-        supplemented (the job holds the standby replacement named in the Reclaim status) or
-        missing. The three are counted one by one; a sum that is not the lent count is an
-        :class:`Invariants` violation. ``final``: the count stands (the Reclaim finished, or
-        the job is restored); later calls change nothing, so a GPU that fails after it came
-        back does not turn into a missing one."""
-        if cycle.final:
-            return
-        cycle.final = final
+    def _note_back(self, cycle: metrics.Cycle) -> None:
+        """How many of the GPUs the cycle's scale-down released the job holds again."""
         held = set(self._job_devices())
         cycle.same_devices_back = sum(1 for d in self.released if d in held)
-        cycle.accounted = True
-        if self.policy is not Policy.ROR:
-            return
-        status = self.reclaim_status
-        lent = [
-            DeviceKey(d["node"], int(d["index"]))
-            for d in (((self.lend_lease or {}).get("status") or {}).get("lent") or [])
-        ]
-        supplements = {
-            DeviceKey(s["original"]["node"], int(s["original"]["index"])): DeviceKey(
-                s["replacement"]["node"], int(s["replacement"]["index"])
-            )
-            for s in status.get("supplementedFromStandby") or []
-        }
-        cycle.supplements_listed = len(supplements)
-        cycle.supplement_model_mismatches = [
-            f"{original} supplemented by {replacement}"
-            for original, replacement in supplements.items()
-            if self.world.gpu_models.get(original.node) != self.world.gpu_models.get(replacement.node)
-        ]
-        # Lent GPUs the job's own pods took back before the scale-up (a replacement after a
-        # failure may land on them) lose their tag and are no longer the Reclaim's business.
-        targets = [DeviceKey(d["node"], int(d["index"])) for d in status.get("lent") or []]
-        claimed = set(targets) if status.get("lent") is not None else set(lent)
-        cycle.returned_before_reclaim = sum(1 for d in lent if d not in claimed)
-        lent = [d for d in lent if d in claimed]
-        cycle.reclaimed_same = sum(1 for d in lent if d in held)
-        cycle.supplemented = sum(1 for d in lent if d not in held and supplements.get(d) in held)
-        cycle.missing = sum(1 for d in lent if d not in held and supplements.get(d) not in held)
 
     async def check_restored(self, t: float) -> None:
-        """Mark the current cycle restored once the job holds its full size again, and
-        account its completeness then (pods bound after the scale-up tick count), from the
-        Reclaim's status as it is now: a Reclaim still in progress has already listed the
-        standby supplements the job holds."""
+        """Mark the current cycle restored once the job holds its full size again."""
         if not self.cycles:
             return
         c = self.cycles[-1]
         restored = sum(len(p.devices) for p in self._job_pods()) >= self.s.job_gpus
         if c.up_at is not None and c.restored_at is None and restored:
             c.restored_at = t
-            if self.reclaim_name is not None and self.reclaim_started is not None:  # still open
-                self.reclaim_status = ((await self._reclaim_lease()) or {}).get("status") or {}
-            self._account_cycle(c, final=True)
+            self._note_back(c)
 
     # ------------------------------------------------------------------ metrics
 
@@ -1270,37 +1314,114 @@ class Simulation:
                 holders[d] = holder
                 if not high and d.node in standby_nodes:
                     inv.violated("lp_on_standby", f"t={t:g}: {_named(holder)} holds {d} on a standby node")
-        for c in self.cycles:
-            if c.restored_at is not None and not c.unaccounted_checked:
-                c.unaccounted_checked = True
-                if not c.accounted or (
-                    self.policy is Policy.ROR
-                    and c.returned_before_reclaim + c.reclaimed_same + c.supplemented + c.missing
-                    != c.lent_tagged
-                ):
-                    inv.violated(
-                        "unaccounted_scale_ups",
-                        f"cycle scaled up at t={c.up_at}: lent {c.lent_tagged} = back early"
-                        f" {c.returned_before_reclaim} + same {c.reclaimed_same}"
-                        f" + supplemented {c.supplemented} + missing {c.missing}? accounted={c.accounted}",
-                    )
-                for detail in c.supplement_model_mismatches:
-                    inv.violated("supplement_model_mismatch", detail)
+        if self.policy is Policy.ROR and self.size is tide.Scale.FULL:
+            self._check_job_takes_its_gpus(t)
+        self.observe()
+
+    def _check_job_takes_its_gpus(self, t: float) -> None:
+        """At full size the job must hold the GPUs tagged for it: a healthy, free GPU tagged for
+        the job while it holds its full size means its pods took other GPUs instead."""
+        if sum(len(p.devices) for p in self._job_pods()) < self.job_target:
+            return
+        idle = [
+            key
+            for key, owner in self._tags.items()
+            if owner == JOB_OWNER and key not in self.held and key in self.gpus and self.gpus[key].healthy
+        ]
+        if idle:
+            self.invariants.violated(
+                "job_full_beside_lent_gpus",
+                f"t={t:g}: the job holds its {self.job_target} GPUs while {len(idle)} GPUs tagged for it"
+                f" are free: {', '.join(str(k) for k in sorted(idle)[:4])}",
+            )
 
     async def _gpunode_event(self, event: WatchEvent) -> None:
         name = str(event.object["metadata"]["name"])
+        for key in self._node_tags.pop(name, ()):
+            self._tags.pop(key, None)
         if event.type is EventType.DELETED:
             self._watched_pools.pop(name, None)
-        else:
-            spec = event.object.get("spec") or {}
-            self._watched_pools[name] = Pool(spec.get("pool") or Pool.GENERAL.value)
+            return
+        spec = event.object.get("spec") or {}
+        self._watched_pools[name] = Pool(spec.get("pool") or Pool.GENERAL.value)
+        tagged: list[DeviceKey] = []
+        for index, device in (spec.get("devices") or {}).items():
+            owner = (device or {}).get("owner")
+            if owner:
+                key = DeviceKey(name, int(index))
+                self._tags[key] = str(owner)
+                tagged.append(key)
+        if tagged:
+            self._node_tags[name] = tuple(tagged)
+
+    async def _lease_event(self, event: WatchEvent) -> None:
+        meta = event.object.get("metadata") or {}
+        key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+        if event.type is EventType.DELETED:
+            self._lease_objs.pop(key, None)
+            return
+        try:
+            self._lease_objs[key] = resources.parse_gpulease(event.object)
+        except ValidationError:
+            self._lease_objs.pop(key, None)  # the lease controller fails it; nothing to audit
+
+    def _owner_of(self, pod: SimPod) -> str:
+        """The owner ``<ns>/<job>`` of a pod the simulator runs (MATCH(Pod, Owner))."""
+        return JOB_OWNER if pod.high else f"{LP_NAMESPACE}/job-{pod.job}"
+
+    def observe(self) -> None:
+        """Show the right-of-return audit the leases, tags and the pods' GPUs as they are now
+        (after a settle: every watch delivered) and count what it finds; then close the cycles
+        whose Reclaim finished (:meth:`_close_cycles`). Called after every step that may have
+        let the lease controller act, before the simulator takes GPUs from the job."""
+        if self.policy is not Policy.ROR:
+            return
+        pods = self.pods
+        holders = {d: self._owner_of(pods[uid]) for d, uid in self.held.items() if uid in pods}
+        found = self.audit.observe(
+            self._lease_objs.values(), tags=self._tags, holders=holders, nodes=self._watched_pools.keys()
+        )
+        for violation in found:
+            self.invariants.violated(violation.invariant, violation.detail)
+        self._close_cycles()
+
+    def _close_cycles(self) -> None:
+        """Account every scaled-up cycle whose Reclaim the audit saw finish, from its tallies
+        (device identities): see :class:`metrics.Cycle`. A cycle whose lent GPUs do not all end
+        as exactly one outcome is a ``cycle_unaccounted`` violation."""
+        for c in self.cycles:
+            if c.closed or c.reclaim is None or not self.audit.finished(c.reclaim):
+                continue
+            c.closed = True
+            rec = self.audit.tally(c.reclaim)
+            lend = self.audit.tally(c.lend) if c.lend is not None else rightofreturn.Tally()
+            c.carried_in = rec.carried_in
+            c.returned_before_reclaim = lend.returned_early
+            c.reclaimed_same = rec.back
+            c.supplemented = rec.replaced
+            c.unrecoverable = rec.unrecoverable
+            c.unrecoverable_reasons = dict(sorted(rec.unrecoverable_reasons.items()))
+            c.still_lent = rec.still_lent
+            from_lend = lend.claimed_by.get(c.reclaim, 0)
+            c.earlier_loans = rec.lent - from_lend - rec.carried_in
+            c.lost = max(0, lend.lent - lend.returned_early - from_lend) + (rec.lent - rec.resolved)
+            if c.lost or c.balance():
+                self.invariants.violated(
+                    "cycle_unaccounted",
+                    f"cycle {c.lend}/{c.reclaim}: lent {c.lent} + carried in {c.carried_in}"
+                    f" + earlier loans {c.earlier_loans} = before the reclaim"
+                    f" {c.returned_before_reclaim} + back {c.reclaimed_same} + replaced {c.supplemented}"
+                    f" + unrecoverable {c.unrecoverable} + still lent {c.still_lent}, lost {c.lost}"
+                    f" (the Reclaim took {rec.lent} targets, {from_lend} of them lent by its Lend)",
+                )
 
     async def run(self) -> None:
         """Set up, then tick until the horizon. Raises :class:`SimulationError` when the
         extender or the store keeps failing."""
-        async with self._gpunodes.running(), self._listed_pods.running():
+        async with self._gpunodes.running(), self._listed_pods.running(), self._leases.running():
             await self._gpunodes.listed.wait()
             await self._listed_pods.listed.wait()
+            await self._leases.listed.wait()
             await self._run()
 
     async def _run(self) -> None:
@@ -1339,9 +1460,7 @@ class Simulation:
                             wall_s=round(time.perf_counter() - self.wall_started, 1),
                         ),
                     )
-            last = self.cycles[-1] if self.cycles else None
-            if last is not None and last.up_at is not None and last.restored_at is None:
-                self._account_cycle(last, final=True)  # a scale-up still being restored at the end
+            self.observe()
         except StoreError as exc:
             raise SimulationError(f"store failed: {exc}") from exc
         finally:
@@ -1448,6 +1567,9 @@ def _named(holder: str | SimPod) -> str:
     return holder if isinstance(holder, str) else f"{holder.namespace}/{holder.name}"
 
 
+FINAL_PHASE_VALUES: Final = frozenset(p.value for p in FINAL_PHASES)
+
+
 def _phase(obj: JsonObj | None) -> str | None:
     if obj is None:
         return None
@@ -1487,13 +1609,21 @@ def build_world(scenario: Scenario) -> World:
         )
         lp_source = f"synthetic ({why})"
     helios = data / traces.HELIOS_MONTH
-    if s.shape_tide and helios.is_file():
+    the_tide: tide.Demand
+    if s.tide_kind == "irregular":
+        the_tide = tide.IrregularTide(seed=s.seed, horizon=s.horizon)
+        tide_source = "irregular: peaks and troughs of 10 min to 6 h (log-uniform), seeded"
+    elif s.shape_tide and helios.is_file():
         the_tide = tide.Tide.shaped(traces.parse_util(traces.read_text(helios), source=str(helios)))
         tide_source = f"Fig. 2 cosine 0.39–0.92 shaped by {helios}"
     else:
         the_tide = tide.Tide()
         tide_source = "Fig. 2 cosine 0.39–0.92" + ("" if not s.shape_tide else f" (no {helios})")
     model = failures.FailureModel.calibrated()
+    if s.failure_scale != 1.0:
+        model = dataclasses.replace(
+            model, good_rate=model.good_rate * s.failure_scale, flaky_rate=model.flaky_rate * s.failure_scale
+        )
     outages: dict[DeviceKey, tuple[failures.Interval, ...]] = {}
     for node in general_nodes(s) + standby_nodes(s):
         for i in range(s.gpus_per_node):

@@ -7,8 +7,8 @@
   window, by hour of day of the request (WeFlex §4.3.2: "if the tenant requests 100 GPUs,
   only roughly 40 are granted immediately").
 * Reclaim completeness — :class:`Cycle`: per lend/reclaim cycle, the GPUs released, the
-  GPUs lent with a right-of-return tag, how many came back as the same device, how many
-  were supplemented from the standby pool, how many are missing, and latencies.
+  GPUs lent (tagged, in kind), and how each ended (before the reclaim, back as the same device,
+  supplemented from the standby pool, unrecoverable, still lent, lost), and latencies.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from flexlease.sim.traces import DAY
 
@@ -49,36 +49,64 @@ class LpRequest:
     bound: float | None
 
 
+OUTCOMES: Final = (
+    "returned_before_reclaim",
+    "reclaimed_same",
+    "supplemented",
+    "unrecoverable",
+    "still_lent",
+    "lost",
+)
+"""The :class:`Cycle` fields that count how lent GPUs ended, in the report's order: each lent
+(or carried-in) GPU is counted in exactly one of them."""
+
+
 @dataclass(slots=True)
 class Cycle:
-    """One scale-down/scale-up cycle of the online job (times in simulated seconds).
-    ``lend_s``/``reclaim_s``: how long the Lend/Reclaim took on the simulated clock;
-    ``accounted``: the lent GPUs were counted (same, supplemented, missing) at least once."""
+    """One scale-down/scale-up cycle of the online job (times in simulated seconds), accounted
+    per lent GPU from device identities (:class:`flexlease.rightofreturn.Audit`).
+
+    Its Lend (``lend``) lent ``lent_tagged`` GPUs with the job's tag and ``lent_in_kind`` standby
+    supplements back to the standby pool; its Reclaim (``reclaim``) also took ``carried_in``
+    GPUs a Cancelled Reclaim had handed back. Each ended as exactly one of
+    ``returned_before_reclaim`` (the job's pods took it before the Reclaim), ``reclaimed_same``
+    (back as itself), ``supplemented`` (its standby replacement held by the job),
+    ``unrecoverable`` (listed by the Reclaim, with ``unrecoverable_reasons``) or ``still_lent``
+    (the Reclaim was Cancelled by the next Lend: it carries over); ``lost``: lent GPUs left with
+    none of these when the cycle closed (an invariant violation). ``closed``: the Reclaim
+    finished and the cycle was accounted. ``lend_s``/``reclaim_s``: how long the Lend/Reclaim
+    took on the simulated clock."""
 
     down_at: float
     released: int
     up_at: float | None = None
+    lend: str | None = None
+    reclaim: str | None = None
     lent_tagged: int = 0
+    lent_in_kind: int = 0
     lent_untagged: int = 0
+    carried_in: int = 0
+    earlier_loans: int = 0
+    """Targets of its Reclaim lent in an earlier cycle and left out by that cycle's Reclaim."""
     returned_before_reclaim: int = 0
     reclaimed_same: int = 0
     supplemented: int = 0
-    missing: int = 0
+    unrecoverable: int = 0
+    unrecoverable_reasons: dict[str, int] = field(default_factory=dict)
+    still_lent: int = 0
+    lost: int = 0
     same_devices_back: int = 0
     lend_phase: str | None = None
     reclaim_phase: str | None = None
     lend_s: float | None = None
     reclaim_s: float | None = None
-    accounted: bool = False
-    unaccounted_checked: bool = False
-    final: bool = False
+    closed: bool = False
     supplement_model_mismatches: list[str] = field(default_factory=list)
     supplements_listed: int = 0
     """Replacements in the Reclaim's ``status.supplementedFromStandby``."""
     supplement_events: int | None = None
     """``Supplemented`` Events the lease controller wrote for the Reclaim, counted once it
-    finished (None: it did not finish); each replacement is announced by one, so fewer
-    Events than listed replacements is a scale-up not accounted for."""
+    finished (None: it did not finish); each replacement is announced by one."""
     restored_at: float | None = None
     lp_pods_evicted: int = 0
     lp_pods_preempted: int = 0
@@ -86,14 +114,32 @@ class Cycle:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def lent(self) -> int:
+        """GPUs its Lend lent with a right of return (tagged or in kind)."""
+        return self.lent_tagged + self.lent_in_kind
+
+    @property
     def complete(self) -> bool:
-        """Every tagged lent GPU came back as itself or as a standby supplement."""
-        return self.up_at is not None and self.missing == 0
+        """Closed, and every GPU lent or carried in came back as itself or as a standby
+        replacement (none unrecoverable, none still lent, none lost)."""
+        return (
+            self.up_at is not None
+            and self.closed
+            and self.lost == 0
+            and self.unrecoverable == 0
+            and self.still_lent == 0
+        )
+
+    def balance(self) -> int:
+        """``lent + carried in + earlier loans`` less the :data:`OUTCOMES` (returned before
+        the reclaim, back, replaced, unrecoverable, still lent, lost): 0 when every GPU is
+        counted once."""
+        ended = sum(int(getattr(self, name)) for name in OUTCOMES)
+        return self.lent + self.carried_in + self.earlier_loans - ended
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.pop("unaccounted_checked")
-        out.pop("final")
+        out["lent"] = self.lent
         out["complete"] = self.complete
         return out
 
@@ -173,22 +219,34 @@ def ha_share_summary(samples: Sequence[Sample], *, days: float = 7.0) -> dict[st
 
 
 def cycle_summary(cycles: Sequence[Cycle]) -> dict[str, Any]:
-    """Totals over the cycles that scaled back up: how many were complete, GPUs lent with a
-    tag, reclaimed as the same device, supplemented, missing; reclaim time (simulated s)
-    mean and max; restore delay (simulated s) mean and max."""
+    """Totals over the cycles that scaled back up: how many closed and were complete, GPUs lent
+    with a tag and in kind, carried in, and each outcome (returned before the reclaim, back as
+    the same GPU, supplemented, unrecoverable by reason, still lent, lost); reclaim time
+    (simulated s) mean and max; restore delay (simulated s) mean and max."""
     done = [c for c in cycles if c.up_at is not None]
     walls = [c.reclaim_s for c in done if c.reclaim_s is not None]
     delays = [c.restored_at - c.up_at for c in done if c.restored_at is not None and c.up_at is not None]
+    reasons: dict[str, int] = {}
+    for c in done:
+        for reason, n in c.unrecoverable_reasons.items():
+            reasons[reason] = reasons.get(reason, 0) + n
     return {
         "cycles": len(done),
+        "closed_cycles": sum(1 for c in done if c.closed),
         "complete_cycles": sum(1 for c in done if c.complete),
         "released_gpus": sum(c.released for c in done),
         "lent_tagged": sum(c.lent_tagged for c in done),
+        "lent_in_kind": sum(c.lent_in_kind for c in done),
         "lent_untagged": sum(c.lent_untagged for c in done),
+        "carried_in": sum(c.carried_in for c in done),
+        "earlier_loans": sum(c.earlier_loans for c in done),
         "returned_before_reclaim": sum(c.returned_before_reclaim for c in done),
         "reclaimed_same": sum(c.reclaimed_same for c in done),
         "supplemented": sum(c.supplemented for c in done),
-        "missing": sum(c.missing for c in done),
+        "unrecoverable": sum(c.unrecoverable for c in done),
+        "unrecoverable_reasons": dict(sorted(reasons.items())),
+        "still_lent": sum(c.still_lent for c in done),
+        "lost": sum(c.lost for c in done),
         "same_devices_back": sum(c.same_devices_back for c in done),
         "restored_cycles": sum(1 for c in done if c.restored_at is not None),
         "reclaim_s_mean": statistics.fmean(walls) if walls else None,

@@ -16,6 +16,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from flexlease.sim.metrics import OUTCOMES
 from flexlease.sim.traces import DAY
 
 COLORS = {"ror": "tab:green", "plain": "tab:red", "static": "tab:blue"}
@@ -158,19 +159,21 @@ def table(report: dict[str, Any]) -> str:
         ("cluster HA share, last 7 days", lambda p: _pct(p["ha_share"]["cluster_last_days_mean"])),
         ("initial GPUs kept, last 7 days", lambda p: _pct(p["ha_share"].get("static_last_days_mean"))),
         (
-            "scale-up cycles (complete / all)",
-            lambda p: f"{p['reclaim']['complete_cycles']} / {p['reclaim']['cycles']}",
-        ),
-        (
-            "lent GPUs tagged / untagged (LA)",
-            lambda p: f"{p['reclaim']['lent_tagged']} / {p['reclaim']['lent_untagged']}",
-        ),
-        (
-            "lent GPUs back before the reclaim / reclaimed same GPU / supplemented / missing",
+            "scale-up cycles (complete / closed / all)",
             lambda p: " / ".join(
-                str(p["reclaim"].get(k, 0))
-                for k in ("returned_before_reclaim", "reclaimed_same", "supplemented", "missing")
+                str(p["reclaim"][k]) for k in ("complete_cycles", "closed_cycles", "cycles")
             ),
+        ),
+        (
+            "lent GPUs tagged / in kind (standby) / untagged (LA); carried in",
+            lambda p: (
+                f"{p['reclaim']['lent_tagged']} / {p['reclaim']['lent_in_kind']}"
+                f" / {p['reclaim']['lent_untagged']}; {p['reclaim']['carried_in']}"
+            ),
+        ),
+        (
+            "lent GPUs back before the reclaim / same GPU / supplemented / unrecoverable / still lent / lost",
+            lambda p: " / ".join(str(p["reclaim"].get(k, 0)) for k in OUTCOMES),
         ),
         (
             "released GPUs the job got back",

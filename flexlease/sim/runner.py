@@ -86,6 +86,7 @@ def sim_settings(scenario: Scenario, policy: Policy = Policy.ROR) -> Settings:
             enabled=scenario.lease_enabled,
             resync_seconds=3600.0,
             standby_pool_size=scenario.standby_pool_size,
+            standby_wait_seconds=scenario.standby_wait,
         ),
     )
 

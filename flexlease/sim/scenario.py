@@ -17,6 +17,10 @@ or ``PYTHONPATH``) reads it; an installed wheel carries no data, and the simulat
 to synthetic arrivals and says so in its report."""
 
 
+TIDE_KINDS: Final = ("fig2", "irregular")
+"""The online job's demand curves (``Scenario.tide_kind``)."""
+
+
 class Policy(enum.StrEnum):
     """``ror``: right-of-return (Lend tags, Reclaim with graceful eviction and standby
     supplements); ``plain``: plain leasing (scale-down deletes pods, scale-up takes any GPUs);
@@ -48,12 +52,19 @@ class Scenario:
       ``restart_in_situ_s`` with right-of-return (the paper's interruption-mitigation
       pipeline: "a few tens of seconds", §4.5), ``restart_full_s`` otherwise (native
       scaling: "roughly 30 minutes", §2 Fig. 4, §4.5 Fig. 13);
+    * stress (right-of-return at the edges): ``tide_kind`` ``fig2`` (the Fig. 2 tide, shaped by
+      the Helios signal unless ``shape_tide`` is off) or ``irregular``
+      (:class:`flexlease.sim.tide.IrregularTide`: troughs and peaks from 10 minutes to 6 hours,
+      seeded); ``failure_scale`` multiplies the failure rates of the Fig. 5 model (more GPUs
+      fail while lent, more standby supplements are held and lent again);
     * time: ``days`` simulated, one scheduling round every ``tick``; the first ``warmup``
       seconds are left out of the fulfilment figures;
     * tiers: ``tier_window`` and ``tier_refresh`` (the node agents' settings; both 14 days
       by default, as in the paper);
     * lease controller: ``grace_period_seconds`` on every GPULease, ``lend_timeout`` (how
-      long a Lend may take before it is reported), ``lease_enabled`` (False runs the
+      long a Lend may take before it is reported), ``standby_wait`` (the controller's
+      ``lease.standby_wait_seconds``: how long a Reclaim waits for a standby replacement before
+      it lists the GPU unrecoverable), ``lease_enabled`` (False runs the
       extender without its controller, to show that it is noticed), ``standby_refill``
       (the controller keeps the standby pool at its initial size, ``standby_nodes`` ×
       ``gpus_per_node`` GPUs, moving whole free nodes into it; False leaves it as set up).
@@ -71,6 +82,8 @@ class Scenario:
     trace: str = "philly"
     data_dir: Path = DEFAULT_DATA_DIR
     shape_tide: bool = True
+    tide_kind: str = "fig2"
+    failure_scale: float = 1.0
     lp_load: float = 3.0
     lp_max_duration: float = 7 * DAY
     lp_patience: float = 600.0
@@ -84,6 +97,7 @@ class Scenario:
     tier_refresh: float = 14 * DAY
     grace_period_seconds: int = 30
     lend_timeout: float = 300.0
+    standby_wait: float = 600.0
     lease_enabled: bool = True
     standby_refill: bool = True
     gpu_models: tuple[tuple[str, float], ...] = (("NVIDIA H20", 1.0),)
@@ -101,6 +115,12 @@ class Scenario:
             raise ValueError("gpu_models needs at least one (model, share > 0)")
         if len({m for m, _ in self.gpu_models}) != len(self.gpu_models):
             raise ValueError("gpu_models names a model twice")
+        if self.tide_kind not in TIDE_KINDS:
+            raise ValueError(f"tide must be one of {', '.join(TIDE_KINDS)}, not {self.tide_kind!r}")
+        if self.standby_wait <= 0:
+            raise ValueError("standby_wait must be positive")
+        if not 0 < self.failure_scale <= 100:
+            raise ValueError("failure_scale must be within (0, 100]")
         if self.lp_load <= 0 or self.lp_patience < 0:
             raise ValueError("lp_load must be positive, lp_patience >= 0")
 

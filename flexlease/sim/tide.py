@@ -10,14 +10,20 @@ relative day-to-day and minute-to-minute deviation from its own hour-of-day mean
 scale-up, all loaned GPUs were reclaimed". :func:`decide` is that policy with hysteresis:
 scale down when demand falls below ``down_below`` (half the GPUs then suffice), back up when
 it rises above ``up_above``.
+
+:class:`IrregularTide` is a stress tide for right-of-return at the edges: troughs and peaks of
+random length, from minutes (a scale-up one scheduling round after a scale-down: back-to-back
+lend and reclaim) to hours.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
-from dataclasses import dataclass
-from typing import Final
+import random
+from dataclasses import dataclass, field
+from typing import Final, Protocol
 
 from flexlease.sim import traces
 
@@ -30,6 +36,12 @@ class Scale(enum.StrEnum):
 
     FULL = "full"
     HALF = "half"
+
+
+class Demand(Protocol):
+    """A demand curve: :meth:`demand` at ``t`` seconds since the start, ratio 0–1 of the peak."""
+
+    def demand(self, t: float) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +84,40 @@ class Tide:
         mean = self.shape_profile[int(hour) % 24]
         deviation = 0.0 if value <= 0 else value / mean - 1.0  # zero samples are gaps
         return min(1.0, max(0.0, base * (1.0 + self.gain * deviation)))
+
+
+@dataclass(frozen=True, slots=True)
+class IrregularTide:
+    """Peaks and troughs of random length: demand is ``high`` from t = 0, then alternates with
+    ``low``; each phase lasts a log-uniform time between ``shortest`` and ``longest`` seconds
+    (drawn from ``seed``, up to ``horizon``), so troughs range from one scheduling round to
+    hours, and short ones put a scale-up right after a scale-down."""
+
+    seed: int
+    horizon: float
+    low: float = FIG2_LOW
+    high: float = FIG2_HIGH
+    shortest: float = 600.0
+    longest: float = 6 * 3600.0
+    switches: tuple[float, ...] = field(init=False, default=())
+    """Times at which the demand flips (the first to ``low``)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.low <= self.high <= 1.0:
+            raise ValueError(f"need 0 <= low ({self.low}) <= high ({self.high}) <= 1")
+        if not 0 < self.shortest <= self.longest:
+            raise ValueError("need 0 < shortest <= longest")
+        rng = random.Random(f"irregular-tide:{self.seed}")
+        out: list[float] = []
+        t = 0.0
+        while t <= self.horizon:
+            t += math.exp(rng.uniform(math.log(self.shortest), math.log(self.longest)))
+            out.append(t)
+        object.__setattr__(self, "switches", tuple(out))
+
+    def demand(self, t: float) -> float:
+        """``high`` before the first switch and after every second one, else ``low``."""
+        return self.high if bisect.bisect_right(self.switches, t) % 2 == 0 else self.low
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,9 @@ def test_table_gives_mean_and_range_per_policy(tmp_path: Path, capsys: pytest.Ca
     assert "| | right-of-return | plain leasing |" in out
     assert "| job HA share at start | 81.2 % (75.0–87.5) | 50.0 % (50.0–50.0) |" in out
     assert "over seeds 1, 2" in out
+    # right-of-return's accounting per lent GPU; plain leasing lends nothing
+    assert "| lent GPUs reclaimed as the same GPU | 84.6 % (84.6–84.6) | 84.6 % (84.6–84.6) |" in out
+    assert "| lent GPUs lost | 0 | 0 |" in out
 
 
 def test_a_failed_run_is_not_evidence() -> None:
@@ -60,3 +63,34 @@ def test_inputs_note_puts_measured_beside_targets() -> None:
         " LP arrivals: aligned to the tide, shift 7.333 h"
     )
     assert sim_summary.inputs_note([_run(1, 0.75)]) == ""
+
+
+def test_accounting_counts_every_lent_gpu_of_the_closed_cycles_once() -> None:
+    run = _run(2, 0.75)
+    cycle = {
+        "up_at": 10.0,
+        "closed": True,
+        "complete": False,
+        "lent": 10,
+        "lent_tagged": 8,
+        "lent_in_kind": 2,
+        "carried_in": 1,
+        "earlier_loans": 0,
+        "returned_before_reclaim": 1,
+        "reclaimed_same": 6,
+        "supplemented": 2,
+        "unrecoverable": 1,
+        "unrecoverable_reasons": {"NoStandbyOfModel": 1},
+        "still_lent": 1,
+        "lost": 0,
+    }
+    run["policies"]["ror"]["cycles"] = [cycle, {"up_at": 20.0, "closed": False}, {"up_at": None}]
+    run["policies"]["ror"]["invariants"]["checks"] = 99
+    lines = sim_summary.accounting([run]).splitlines()
+    assert lines[0].startswith("| seed | cycles closed / all (complete) |")
+    assert len(lines[1].split("|")) == len(lines[0].split("|"))
+    assert (
+        lines[2] == "| 2 | 1 / 2 (0) | 8 / 2 | 1 | 1 | 6 | 2 | 1 (NoStandbyOfModel 1) | 1 | 0 | 0 | 0 (99) |"
+    )
+    cycle["reclaimed_same"] = 5  # one GPU counted nowhere
+    assert "| 1 | 0 (99) |" in sim_summary.accounting([run]).splitlines()[2]

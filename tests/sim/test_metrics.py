@@ -46,17 +46,37 @@ def test_cycle_completeness_and_summary() -> None:
         down_at=0,
         released=16,
         up_at=100,
-        lent_tagged=14,
+        lent_tagged=13,
+        lent_in_kind=1,
         reclaimed_same=13,
         supplemented=1,
         reclaim_s=30.0,
         restored_at=700,
+        closed=True,
     )
-    short = Cycle(down_at=1000, released=16, up_at=2000, lent_tagged=14, reclaimed_same=12, missing=2)
+    short = Cycle(
+        down_at=1000,
+        released=16,
+        up_at=2000,
+        lent_tagged=14,
+        carried_in=1,
+        reclaimed_same=12,
+        unrecoverable=2,
+        unrecoverable_reasons={"NoStandbyOfModel": 2},
+        still_lent=1,
+        closed=True,
+    )
+    lossy = Cycle(down_at=2000, released=16, up_at=2500, lent_tagged=2, reclaimed_same=1, lost=1, closed=True)
+    unclosed = Cycle(down_at=2800, released=16, up_at=2900, lent_tagged=2, reclaimed_same=2)
     open_cycle = Cycle(down_at=3000, released=16)
-    assert ok.complete and not short.complete and not open_cycle.complete
-    s = metrics.cycle_summary([ok, short, open_cycle])
-    assert s["cycles"] == 2 and s["complete_cycles"] == 1
-    assert s["lent_tagged"] == 28 and s["missing"] == 2 and s["supplemented"] == 1
+    assert ok.complete and not short.complete and not lossy.complete
+    assert not unclosed.complete and not open_cycle.complete
+    assert ok.balance() == short.balance() == lossy.balance() == 0
+    assert Cycle(down_at=0, released=2, lent_tagged=2, reclaimed_same=1).balance() == 1
+    s = metrics.cycle_summary([ok, short, lossy, unclosed, open_cycle])
+    assert s["cycles"] == 4 and s["closed_cycles"] == 3 and s["complete_cycles"] == 1
+    assert s["lent_tagged"] == 31 and s["lent_in_kind"] == 1 and s["carried_in"] == 1
+    assert (s["unrecoverable"], s["still_lent"], s["lost"], s["supplemented"]) == (2, 1, 1, 1)
+    assert s["unrecoverable_reasons"] == {"NoStandbyOfModel": 2}
     assert s["restore_delay_s_mean"] == 600
-    assert ok.as_dict()["complete"] is True
+    assert ok.as_dict()["complete"] is True and ok.as_dict()["lent"] == 14

@@ -49,12 +49,18 @@ def _section(policy: str, share: float) -> dict[str, Any]:
         },
         "reclaim": {
             "cycles": 3,
+            "closed_cycles": 3,
             "complete_cycles": 3,
             "lent_tagged": 12,
+            "lent_in_kind": 1,
             "lent_untagged": 0,
+            "carried_in": 0,
+            "returned_before_reclaim": 0,
             "reclaimed_same": 11,
             "supplemented": 1,
-            "missing": 0,
+            "unrecoverable": 0,
+            "still_lent": 0,
+            "lost": 0,
             "same_devices_back": 24,
             "released_gpus": 24,
             "reclaim_s_mean": 30.0,
@@ -102,9 +108,10 @@ def test_table_has_a_column_per_policy_and_reports_errors() -> None:
     assert lines[0] == "| | right-of-return | plain leasing |"
     assert "| HA share of the job at start | 87.5 % | error |" in lines
     assert (
-        "| lent GPUs back before the reclaim / reclaimed same GPU / supplemented / missing"
-        " | 0 / 11 / 1 / 0 | error |"
+        "| lent GPUs back before the reclaim / same GPU / supplemented / unrecoverable / still lent / lost"
+        " | 0 / 11 / 1 / 0 / 0 / 0 | error |"
     ) in lines
+    assert "| scale-up cycles (complete / closed / all) | 3 / 3 / 3 | error |" in lines
     assert lines[-1] == "ERROR plain: extender did not listen"
 
 

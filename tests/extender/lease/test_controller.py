@@ -24,16 +24,18 @@ from extender.lease.controller import (
     serve,
 )
 from extender.lease.ledger import owner_ledger
-from extender.lease.view import parse_time
+from extender.lease.view import parse_time, read_holder
 from flexlease.api import keys
+from flexlease.api.resources import DeviceKey, parse_gpulease
 from flexlease.clock import ManualClock
 from flexlease.config import LeaseSettings, OrchestratorSettings, Settings
 from flexlease.errors import ProfileError
+from flexlease.rightofreturn import Audit
 from flexlease.store.base import Kind, Store
 from flexlease.store.graceful import confirm_terminating
 from flexlease.store.memory import MemoryStore
 from flexlease.store.sqlite import SqliteStore
-from tests.extender.lease.builders import gpunode, lease, pdb, pod
+from tests.extender.lease.builders import A100, gpunode, lease, pdb, pod
 from tests.store.faults import FaultyStore
 
 OWNER = "online/rec"
@@ -658,3 +660,227 @@ async def test_cluster_reconciles_keep_the_configured_interval(
     monkeypatch.setattr(every, "_reconcile_cluster", reconcile_cluster)
     assert [await every.reconcile(CLUSTER_KEY) for _ in range(3)] == [None, None, None]
     assert len(ran) == 5
+
+
+# --------------------------------------------------------------------------- right-of-return at the edges (#38)
+
+
+async def audit_store(audit: Audit, store: Store) -> list[str]:
+    """One observation of the right-of-return invariants (:mod:`flexlease.rightofreturn`) from
+    the store: every GPULease, the GPUNodes' tags and the owner of each pod's GPUs."""
+    leases = [parse_gpulease(o) for o in (await store.list(Kind.GPULEASE)).items]
+    nodes = (await store.list(Kind.GPUNODE)).items
+    tagged = {
+        DeviceKey(n["metadata"]["name"], int(i)): str(d["owner"])
+        for n in nodes
+        for i, d in (n["spec"].get("devices") or {}).items()
+        if (d or {}).get("owner")
+    }
+    holders: dict[DeviceKey, str | None] = {}
+    for obj in (await store.list(Kind.POD)).items:
+        holder = read_holder(obj)
+        if holder is not None and not holder.terminating:
+            holders.update(dict.fromkeys(holder.devices, holder.owner))
+    found = audit.observe(leases, tags=tagged, holders=holders, nodes={n["metadata"]["name"] for n in nodes})
+    return [f"{v.invariant}: {v.detail}" for v in found]
+
+
+async def settled(controller: LeaseController, audit: Audit, store: Store) -> None:
+    """Wait until the controller has nothing to do, then check the invariants."""
+    await eventually(lambda: _true(controller.idle))
+    assert await audit_store(audit, store) == []
+
+
+@pytest.fixture
+async def clocked(clock: ManualClock) -> AsyncIterator[MemoryStore]:
+    """A store whose creationTimestamps come from the test's clock (leases are ordered by them)."""
+    s = MemoryStore(clock=clock)
+    yield s
+    await s.close()
+
+
+async def test_a_lend_during_an_open_reclaim_cancels_it_and_the_next_reclaim_takes_every_lent_gpu(
+    clocked: MemoryStore, clock: ManualClock
+) -> None:
+    """#38: the job scales up, then down again while its Reclaim still waits for an LP pod's
+    grace period, then up again. The second Lend supersedes the open Reclaim, which is
+    Cancelled and hands back the GPU it had not brought back; the next Reclaim takes every
+    lent GPU (on the old code it claimed none and was Done at once, the first Reclaim still
+    holding the claim)."""
+    store, audit = clocked, Audit()
+    await add_node(store, gpunode("n1"))
+    async with running(store, clock) as (controller, registry):
+        await add_lease(store, lease("a-lend", "Lend", devices=[("n1", i) for i in range(4)]))
+        await eventually(phase_is(store, "a-lend", "Done"))
+        await add_pod(store, pod("lp-a", "n1", [3]))
+        await settled(controller, audit, store)
+        await clock.advance(60)
+        await add_lease(store, lease("b-reclaim", "Reclaim", count=4, grace=30))
+        await eventually(lambda: _has_reason(store, "PreemptNotice"))
+        await bind_owner(store, "rec-0", "n1", [0, 1, 2])
+        await settled(controller, audit, store)
+        assert (await get_lease(store, "b-reclaim"))["status"]["phase"] == "InProgress"
+
+        await clock.advance(10)  # traffic falls again within the grace period
+        await store.delete(Kind.POD, "rec-0", namespace="online")
+        await confirm_terminating(store, namespace="online")
+        await add_lease(store, lease("c-lend", "Lend", devices=[("n1", i) for i in range(3)]))
+        await eventually(phase_is(store, "c-lend", "Done"))
+        await settled(controller, audit, store)
+
+        await clock.advance(60)  # and up again
+        await add_lease(store, lease("d-reclaim", "Reclaim", count=4, grace=30))
+
+        async def accepted() -> bool:
+            return (await get_lease(store, "d-reclaim")).get("status", {}).get("phase") not in (
+                None,
+                "Pending",
+            )
+
+        await eventually(accepted)
+        await settled(controller, audit, store)  # the old code: reclaim_skipped_lent_gpus
+        new = (await get_lease(store, "d-reclaim"))["status"]
+        assert sorted(d["index"] for d in new["lent"]) == [0, 1, 2, 3] and new["phase"] == "InProgress"
+        old = (await get_lease(store, "b-reclaim"))["status"]
+        assert old["phase"] == "Cancelled" and old["supersededBy"] == "c-lend"
+        assert [(d["node"], d["index"]) for d in old["stillLent"]] == [("n1", 3)]
+        assert await tags(store, "n1") == {i: OWNER for i in range(4)}
+        assert "ReclaimCancelled" in reasons(await events(store), "GPULease")
+        cancelled = {"action": "Reclaim", "phase": "Cancelled"}
+        assert sample(registry, "flexlease_lease_superseded_total", cancelled) == 1
+        await clock.advance(31)
+        await evicted_and_confirmed(store, {"lp-a"})
+        await bind_owner(store, "rec-1", "n1", [0, 1, 2, 3])
+        await eventually(phase_is(store, "d-reclaim", "Done"))
+        await settled(controller, audit, store)
+        assert audit.tally("online/d-reclaim").back == 4 and audit.tally("online/d-reclaim").carried_in == 1
+
+
+async def test_a_reclaim_right_after_a_count_lend_waits_for_it_and_takes_what_it_lent(
+    clocked: MemoryStore, clock: ManualClock
+) -> None:
+    """The job asks to lend 3 GPUs (count) and has released two when traffic rises again: the
+    Reclaim waits for the Lend, which lends what was released and is Cancelled for the rest
+    (status says so); the Reclaim then takes both lent GPUs back through the usual path."""
+    store, audit = clocked, Audit()
+    await add_node(store, gpunode("n1"))
+    await bind_owner(store, "rec-a", "n1", [0, 1])
+    await bind_owner(store, "rec-b", "n1", [2])
+    await bind_owner(store, "rec-c", "n1", [3])
+    async with running(store, clock) as (controller, _):
+        await add_lease(store, lease("a-lend", "Lend", count=3))
+        await eventually(phase_is(store, "a-lend", "InProgress"))
+        await store.delete(Kind.POD, "rec-a", namespace="online")
+        await confirm_terminating(store, namespace="online")
+        await eventually(lambda: _tags_are(store, "n1", {0: OWNER, 1: OWNER}))
+        await settled(controller, audit, store)
+        assert (await get_lease(store, "a-lend"))["status"]["phase"] == "InProgress"  # one more to go
+        await clock.advance(60)
+        await add_lease(store, lease("b-reclaim", "Reclaim", count=8))
+        await eventually(phase_is(store, "a-lend", "Cancelled"))
+        await eventually(phase_is(store, "b-reclaim", "InProgress"))
+        await settled(controller, audit, store)
+        lend = (await get_lease(store, "a-lend"))["status"]
+        assert lend["supersededBy"] == "b-reclaim" and [d["index"] for d in lend["lent"]] == [0, 1]
+        superseded = next(c for c in lend["conditions"] if c["type"] == "Superseded")
+        assert (
+            superseded["reason"] == "Cancelled"
+            and "1 GPUs its owner's pods did not release" in lend["message"]
+        )
+        reclaim = (await get_lease(store, "b-reclaim"))["status"]
+        assert sorted(d["index"] for d in reclaim["lent"]) == [0, 1]
+        await bind_owner(store, "rec-d", "n1", [0, 1])
+        await eventually(phase_is(store, "b-reclaim", "Done"))
+        await settled(controller, audit, store)
+        assert reasons(await events(store), "GPULease").count("LendCancelled") == 1
+
+
+async def test_a_standby_supplement_is_lent_in_kind_and_reclaimed_as_another_standby_gpu(
+    clocked: MemoryStore, clock: ManualClock
+) -> None:
+    """The job holds standby s1/0 (a supplement) and n1/0 and lends both: s1/0 goes back to the
+    standby pool untagged (lent in kind). Another job's reclaim pod takes it meanwhile; the
+    next Reclaim replaces it with s1/1, of the same model and tier."""
+    store, audit = clocked, Audit()
+    await add_node(store, gpunode("n1"))
+    await add_node(store, gpunode("s1", pool="standby"))
+    async with running(store, clock) as (controller, _):
+        await add_lease(store, lease("a-lend", "Lend", devices=[("n1", 0), ("s1", 0)]))
+        await eventually(phase_is(store, "a-lend", "Done"))
+        await settled(controller, audit, store)
+        status = (await get_lease(store, "a-lend"))["status"]
+        assert [(d["node"], d.get("inKind")) for d in status["lent"]] == [("n1", None), ("s1", True)]
+        assert await tags(store, "n1") == {0: OWNER} and await tags(store, "s1") == {}
+        other = pod("other-rec", "s1", [0], namespace="team", priority="high", owner="team/x")
+        await add_pod(store, other)
+        await settled(controller, audit, store)
+        await clock.advance(60)
+        await add_lease(store, lease("b-reclaim", "Reclaim", count=2))
+        await eventually(phase_is(store, "b-reclaim", "InProgress"))
+        [sup] = (await get_lease(store, "b-reclaim"))["status"]["supplementedFromStandby"]
+        assert (sup["original"]["node"], sup["replacement"]["node"], sup["replacement"]["index"]) == (
+            "s1",
+            "s1",
+            1,
+        )
+        await settled(controller, audit, store)
+        await bind_owner(store, "rec-0", "n1", [0])
+        await bind_owner(store, "rec-1", "s1", [1])
+        await eventually(phase_is(store, "b-reclaim", "Done"))
+        await settled(controller, audit, store)
+        assert (audit.tally("online/b-reclaim").back, audit.tally("online/b-reclaim").replaced) == (1, 1)
+
+
+async def test_a_gpu_failing_during_a_lend_without_its_model_in_standby_is_unrecoverable(
+    clocked: MemoryStore, clock: ManualClock
+) -> None:
+    """A mixed cluster: the job lent two H20s and an A100; one of each fails while lent. The
+    H20 is replaced from the H20 standby node; no standby GPU is an A100, so after
+    ``standby_wait_seconds`` (600 s) the A100 is listed unrecoverable (NoStandbyOfModel, an Event, a
+    metric), its tag released, and the Reclaim is Done once the rest is back."""
+    store, audit = clocked, Audit()
+    await add_node(store, gpunode("n1"))
+    await add_node(store, gpunode("n2", model=A100))
+    await add_node(store, gpunode("s1", pool="standby"))
+    async with running(store, clock) as (controller, registry):  # standby_wait_seconds: 600
+        await add_lease(store, lease("a-lend", "Lend", devices=[("n1", 0), ("n1", 1), ("n2", 0)]))
+        await eventually(phase_is(store, "a-lend", "Done"))
+        for node, index in (("n1", 1), ("n2", 0)):
+            await store.patch(
+                Kind.GPUNODE,
+                node,
+                {"status": {"devices": {str(index): {"health": "Unhealthy", "tier": "LA", "lastXid": 79}}}},
+                subresource="status",
+            )
+        await settled(controller, audit, store)
+        await clock.advance(60)
+        await add_lease(store, lease("b-reclaim", "Reclaim", count=3))
+        await eventually(phase_is(store, "b-reclaim", "InProgress"))
+        await bind_owner(store, "rec-0", "n1", [0])
+        await settled(controller, audit, store)
+        status = (await get_lease(store, "b-reclaim"))["status"]
+        assert [s["replacement"]["node"] for s in status["supplementedFromStandby"]] == ["s1"]
+        returned = next(c for c in status["conditions"] if c["type"] == "Returned")
+        assert (returned["status"], returned["reason"]) == ("False", "StandbyShortfall")
+        await clock.advance(600)
+        await eventually(lambda: _has_reason(store, "Unrecoverable"))
+        await settled(controller, audit, store)
+        status = (await get_lease(store, "b-reclaim"))["status"]
+        assert status["phase"] == "InProgress"  # the H20 replacement is not held yet
+        [gone] = status["unrecoverable"]
+        assert (gone["node"], gone["index"], gone["reason"], gone["model"]) == (
+            "n2",
+            0,
+            "NoStandbyOfModel",
+            A100,
+        )
+        assert await tags(store, "n2") == {}
+        assert (
+            sample(registry, "flexlease_lease_unrecoverable_gpus_total", {"reason": "NoStandbyOfModel"}) == 1
+        )
+        replacement = status["supplementedFromStandby"][0]["replacement"]
+        await bind_owner(store, "rec-1", "s1", [replacement["index"]])
+        await eventually(phase_is(store, "b-reclaim", "Done"))
+        await settled(controller, audit, store)
+        tally = audit.tally("online/b-reclaim")
+        assert (tally.back, tally.replaced, tally.unrecoverable) == (1, 1, 1)

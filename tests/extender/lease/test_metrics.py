@@ -23,6 +23,8 @@ def test_gauges_are_read_at_scrape_time_and_counters_are_preinitialised() -> Non
     assert 'flexlease_lease_reclaim_duration_seconds_bucket{le="60.0"} 1.0' in text
     assert "flexlease_lease_evictions_refused_total 0.0" in text
     assert 'flexlease_lease_reconcile_errors_total{kind="cluster"} 0.0' in text
+    assert 'flexlease_lease_unrecoverable_gpus_total{reason="NoStandbyOfModel"} 0.0' in text
+    assert 'flexlease_lease_superseded_total{action="Reclaim",phase="Cancelled"} 0.0' in text
     m.gauges = Gauges()
     assert registry.get_sample_value(metrics.OUTSTANDING_RECLAIMS) == 0.0
 

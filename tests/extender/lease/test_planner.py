@@ -77,6 +77,15 @@ class World:
         self.apply(plan)
         return plan
 
+    def bind_tagged_free(self) -> None:
+        """The owner's reclaim pods bind to whatever is free, healthy and tagged for it."""
+        for gpu in self.view().gpus.values():
+            if gpu.owner == OWNER and gpu.free and not gpu.failed:
+                name = f"rec-{gpu.key.node}-{gpu.key.index}"
+                self.pods[name] = pod(
+                    name, gpu.key.node, [gpu.key.index], namespace="online", priority="high", owner=OWNER
+                )
+
     def tag(self, node: str, index: int) -> str | None:
         spec = self.nodes[node]["spec"].get("devices", {}).get(str(index)) or {}
         owner = spec.get("owner")
@@ -435,19 +444,18 @@ def scenarios(draw: st.DrawFn) -> tuple[list[str], list[str], list[str]]:
     return states, tiers, models
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios(), st.booleans())
-def test_every_lent_gpu_ends_reclaimed_or_supplemented_by_type_and_tier(
-    scenario: tuple[list[str], list[str], list[str]], with_pdb_delay: bool
-) -> None:
-    states, tiers, models = scenario
+def lent_states(
+    states: list[str], tiers: list[str], models: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[DeviceKey, LeaseDevice]]:
+    """One node ``n<i>`` per lent GPU ``n<i>/0``, tagged for the owner, in ``states[i]``
+    (free, failed, vanished, or held by an LP, another owner's HP, or the owner's pod): the
+    GPUNodes, the pods, and the lend-time records."""
     nodes: list[dict[str, Any]] = []
     pods: list[dict[str, Any]] = []
     records: dict[DeviceKey, LeaseDevice] = {}
     for i, (state, tier, model) in enumerate(zip(states, tiers, models, strict=True)):
         name = f"n{i}"
-        key = DeviceKey(name, 0)
-        records[key] = LeaseDevice(node=name, index=0, model=model, tier=Tier(tier))
+        records[DeviceKey(name, 0)] = LeaseDevice(node=name, index=0, model=model, tier=Tier(tier))
         if state == "vanished":
             continue
         health = {0: "Unhealthy"} if state == "failed" else {}
@@ -459,6 +467,16 @@ def test_every_lent_gpu_ends_reclaimed_or_supplemented_by_type_and_tier(
             pods.append(pod(f"hp{i}", name, [0], namespace="team", priority="high", owner="team/x"))
         elif state == "owner":
             pods.append(pod(f"own{i}", name, [0], namespace="online", priority="high", owner=OWNER))
+    return nodes, pods, records
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.booleans())
+def test_every_lent_gpu_ends_reclaimed_or_supplemented_by_type_and_tier(
+    scenario: tuple[list[str], list[str], list[str]], with_pdb_delay: bool
+) -> None:
+    states, tiers, models = scenario
+    nodes, pods, records = lent_states(states, tiers, models)
     # a standby pool big enough for every GPU: per model, one node of each tier
     for model in (H20, A100):
         for tier in ("MA", "HA"):
@@ -478,13 +496,7 @@ def test_every_lent_gpu_ends_reclaimed_or_supplemented_by_type_and_tier(
         world.apply(plan)
         if plan.status.phase is not LeasePhase.IN_PROGRESS:
             break
-        # the owner's reclaim pods bind to whatever is free and tagged for it
-        for gpu in world.view().gpus.values():
-            if gpu.owner == OWNER and gpu.free and not gpu.failed:
-                pods_name = f"rec-{gpu.key.node}-{gpu.key.index}"
-                world.pods[pods_name] = pod(
-                    pods_name, gpu.key.node, [gpu.key.index], namespace="online", priority="high", owner=OWNER
-                )
+        world.bind_tagged_free()
         world.now += timedelta(seconds=50)
 
     status = world.parsed().status
@@ -588,3 +600,242 @@ def test_count_reclaim_prefers_gpus_not_held_by_critical_pods() -> None:
     plan = world.step()
     assert keys_of(plan.status.lent) == [DeviceKey("n1", 1)]
     assert [n.pod.name for n in plan.notices] == ["mpi-w"]
+
+
+# --------------------------------------------------------------------------- the end state, overlap, in kind (#38)
+
+
+def _condition(plan: LeasePlan, type: str) -> tuple[str, str, str]:
+    c = next(c for c in plan.status.conditions if c.type == type)
+    return c.status, c.reason, c.message
+
+
+def test_a_reclaim_waiting_for_the_owners_pods_stays_in_progress_and_says_so() -> None:
+    world = lent_world(count=4)
+    plan = world.step()
+    assert plan.status.phase is LeasePhase.IN_PROGRESS  # all four free: not Done in 0 s
+    status, reason, message = _condition(plan, planner.COND_RETURNED)
+    assert (status, reason) == ("False", planner.REASON_WAITING_FOR_OWNER)
+    assert "n1/0, n1/1, n1/2, n1/3" in message
+    world.pods["own"] = pod("own", "n1", [0, 1, 2, 3], namespace="online", priority="high", owner=OWNER)
+    done = world.step()
+    assert done.status.phase is LeasePhase.DONE
+    assert _condition(done, planner.COND_RETURNED)[:2] == ("True", planner.REASON_RETURNED)
+
+
+def test_a_gpu_without_a_standby_replacement_is_unrecoverable_once_the_wait_is_over() -> None:
+    """No standby GPU of the model at all (NoStandbyOfModel) and one of the model but in use
+    (StandbyExhausted): the Reclaim waits ``standby_wait`` s, then lists both with their reason,
+    releases their tags, tells it in a Warning Event, and is Done with the rest back."""
+    nodes = [
+        gpunode("n1", tags={0: OWNER, 1: OWNER}, health={0: "Unhealthy"}),
+        gpunode("n2", model=A100, tags={0: OWNER}, health={0: "Unhealthy"}),
+        gpunode("s1", "HA", count=1, pool="standby"),
+    ]
+    busy = pod("other-rec", "s1", [0], namespace="team", priority="high", owner="team/x")
+    owner = pod("own", "n1", [1], namespace="online", priority="high", owner=OWNER)
+    world = World(nodes, [busy, owner], lease("r", "Reclaim", count=3))
+
+    def plan_at(seconds: float) -> LeasePlan:
+        world.now = T0 + timedelta(seconds=seconds)
+        plan = planner.plan_lease(
+            world.parsed(), world.view(), ledger=Ledger(), now=world.now, standby_wait=600
+        )
+        world.apply(plan)
+        return plan
+
+    first = plan_at(0)
+    assert first.status.phase is LeasePhase.IN_PROGRESS and not first.status.unrecoverable
+    assert _condition(first, planner.COND_RETURNED)[1] == planner.REASON_SHORTFALL
+    assert first.requeue_after == 600
+    assert plan_at(599).status.phase is LeasePhase.IN_PROGRESS
+    last = plan_at(600)
+    assert last.status.phase is LeasePhase.DONE
+    gone = {u.key: u.reason for u in last.status.unrecoverable}
+    assert gone == {
+        DeviceKey("n1", 0): planner.UNRECOVERABLE_EXHAUSTED,
+        DeviceKey("n2", 0): planner.UNRECOVERABLE_NO_STANDBY,
+    }
+    assert keys_of(last.status.reclaimed) == [DeviceKey("n1", 1)]
+    assert _condition(last, planner.COND_RETURNED)[:2] == ("True", planner.REASON_PARTLY_UNRECOVERABLE)
+    assert world.tag("n1", 0) is None and world.tag("n2", 0) is None
+    [note] = [n for n in last.notes if n.reason == "Unrecoverable"]
+    assert note.type is planner.EventType.WARNING and "n2/0: NoStandbyOfModel" in note.message
+    assert "1 unrecoverable" not in last.status.message and "2 unrecoverable" in last.status.message
+
+
+def test_a_lent_gpu_whose_record_lacks_its_model_is_unrecoverable_at_once() -> None:
+    world = World(
+        [gpunode("n1", tags={0: OWNER}, health={0: "Unhealthy"})], [], lease("r", "Reclaim", count=1)
+    )
+    ledger = Ledger(records={DeviceKey("n1", 0): LeaseDevice(node="n1", index=0)})
+    world.nodes["n1"]["status"]["devices"].pop("0")  # vanished: nothing tells its model
+    plan = world.step(ledger)
+    assert plan.status.phase is LeasePhase.DONE
+    [entry] = plan.status.unrecoverable
+    assert entry.reason == planner.UNRECOVERABLE_INCOMPLETE and "model or tier is unknown" in entry.message
+
+
+def test_lending_a_standby_supplement_returns_it_to_the_pool_in_kind() -> None:
+    """The owner's pods held s1/0 (a standby supplement) and n1/0, and released both: n1/0 is
+    tagged as usual, s1/0 goes back to the standby pool untagged, recorded ``inKind``."""
+    nodes = [gpunode("n1"), gpunode("s1", pool="standby", tags={0: OWNER})]
+    world = World(nodes, [], lease("l", "Lend", devices=[("n1", 0), ("s1", 0)]))
+    plan = world.step()
+    assert plan.status.phase is LeasePhase.DONE
+    assert [(d.key, d.in_kind) for d in plan.status.lent] == [
+        (DeviceKey("n1", 0), None),
+        (DeviceKey("s1", 0), True),
+    ]
+    assert world.tag("n1", 0) == OWNER and world.tag("s1", 0) is None
+    assert "1 standby GPUs back to the standby pool, lent in kind" in plan.status.message
+    assert world.step().tags == ()  # idempotent: the in-kind GPU stays untagged
+    assert DeviceKey("s1", 0) in {g.key for g in planner.spare_gpus(world.view())}  # a spare again
+
+
+def test_a_gpu_lent_in_kind_comes_back_itself_when_free_else_as_another_standby_gpu() -> None:
+    record = LeaseDevice(node="s1", index=0, model=H20, tier=Tier.HA, in_kind=True)
+    ledger = Ledger(records={record.key: record})
+    free = World([gpunode("s1", pool="standby")], [], lease("r", "Reclaim", count=8))
+    plan = free.step(ledger)
+    assert keys_of(plan.status.lent) == [DeviceKey("s1", 0)] and not plan.status.supplemented_from_standby
+    assert free.tag("s1", 0) == OWNER  # reserved for the owner's reclaim pods
+    taken = World(
+        [gpunode("s1", pool="standby")],
+        [pod("x", "s1", [0], namespace="team", priority="high", owner="team/x")],
+        lease("r", "Reclaim", count=8),
+    )
+    plan = taken.step(ledger)
+    [sup] = plan.status.supplemented_from_standby
+    assert sup.original.key == DeviceKey("s1", 0) and sup.replacement.key == DeviceKey("s1", 1)
+    # the owner's pods took it back before the Reclaim: not out any more
+    back = World(
+        [gpunode("s1", pool="standby")],
+        [pod("own", "s1", [0], namespace="online", priority="high", owner=OWNER)],
+        lease("r", "Reclaim", count=8),
+    )
+    assert back.step(ledger).status.lent == []
+
+
+def test_a_lend_superseded_by_a_newer_reclaim_is_finished_or_cancelled() -> None:
+    owner_pod = pod("own", "n1", [1], namespace="online", priority="high", owner=OWNER)
+    world = World([gpunode("n1")], [owner_pod], lease("l", "Lend", devices=[("n1", 0), ("n1", 1)]))
+    plan = planner.plan_lease(world.parsed(), world.view(), ledger=Ledger(superseded_by="r"), now=T0)
+    world.apply(plan)
+    assert plan.status.phase is LeasePhase.CANCELLED and plan.status.superseded_by == "r"
+    assert keys_of(plan.status.lent) == [DeviceKey("n1", 0)] and world.tag("n1", 0) == OWNER
+    assert _condition(plan, planner.COND_SUPERSEDED)[:2] == ("True", planner.REASON_CANCELLED)
+    assert "1 GPUs its owner's pods did not release were not lent" in plan.status.message
+    assert [n.reason for n in plan.notes] == ["LendCancelled"]
+
+    whole = World([gpunode("n1")], [], lease("l", "Lend", devices=[("n1", 0)]))
+    plan = planner.plan_lease(whole.parsed(), whole.view(), ledger=Ledger(superseded_by="r"), now=T0)
+    assert plan.status.phase is LeasePhase.DONE and plan.status.superseded_by == "r"
+    assert _condition(plan, planner.COND_SUPERSEDED)[1] == planner.REASON_FINISHED
+    count = World([gpunode("n1")], [], lease("l", "Lend", count=2))
+    plan = planner.plan_lease(count.parsed(), count.view(), ledger=Ledger(superseded_by="r"), now=T0)
+    assert plan.status.phase is LeasePhase.CANCELLED and plan.status.lent == [] and plan.baseline is None
+
+
+def test_a_pending_reclaim_waits_for_an_older_lend_and_a_superseded_one_takes_nothing() -> None:
+    world = lent_world(count=4)
+    plan = planner.plan_lease(world.parsed(), world.view(), ledger=Ledger(waits_for=("l",)), now=T0)
+    assert plan.status.phase is LeasePhase.PENDING and plan.status.lent == [] and not plan.tags
+    assert _condition(plan, planner.COND_ACCEPTED)[:2] == ("False", planner.REASON_WAITING_FOR_LEND)
+    plan = planner.plan_lease(world.parsed(), world.view(), ledger=Ledger(superseded_by="l2"), now=T0)
+    assert plan.status.phase is LeasePhase.CANCELLED and plan.status.lent == []
+
+
+def test_a_reclaim_superseded_by_a_newer_lend_hands_back_what_is_not_back() -> None:
+    """n1/0 back with the owner, n1/1 in an LP pod's grace period, n1/2 failed and replaced by
+    standby s1/0 the owner's pods do not hold yet, n1/3 unrecoverable: the owner lends again;
+    the Reclaim is Cancelled, n1/1 stays lent as itself (tagged) and n1/2 as s1/0, which goes
+    back to the standby pool untagged, in kind. No new notice, eviction or replacement."""
+    nodes = [
+        gpunode("n1", tags={1: OWNER, 3: OWNER}, health={2: "Unhealthy", 3: "Unhealthy"}),
+        gpunode("s1", pool="standby", tags={0: OWNER}),
+    ]
+    pods = [
+        pod("own", "n1", [0], namespace="online", priority="high", owner=OWNER),
+        pod("lp-a", "n1", [1], deadline=format_time(T0 + timedelta(seconds=30))),
+    ]
+    record = {"model": H20, "tier": "HA"}
+    reclaim = lease("r", "Reclaim", count=4)
+    reclaim["status"] = {
+        "phase": "InProgress",
+        "lent": [{"node": "n1", "index": i, **record} for i in range(4)],
+        "reclaimed": [{"node": "n1", "index": 0, **record}],
+        "supplementedFromStandby": [
+            {"original": {"node": "n1", "index": 2}, "replacement": {"node": "s1", "index": 0, **record}}
+        ],
+        "unrecoverable": [{"node": "n1", "index": 3, "reason": "NoStandbyOfModel"}],
+        "preemptedPods": ["lp/lp-a"],
+    }
+    world = World(nodes, pods, reclaim)
+    plan = planner.plan_lease(world.parsed(), world.view(), ledger=Ledger(superseded_by="l2"), now=T0)
+    world.apply(plan)
+    assert plan.status.phase is LeasePhase.CANCELLED and plan.status.superseded_by == "l2"
+    assert [(d.key, d.in_kind) for d in plan.status.still_lent] == [
+        (DeviceKey("n1", 1), None),
+        (DeviceKey("s1", 0), True),
+    ]
+    assert not plan.notices and not plan.evictions
+    assert world.tag("n1", 1) == OWNER and world.tag("s1", 0) is None
+    assert [n.reason for n in plan.notes] == ["ReclaimCancelled"]
+    assert "2 GPUs not back stay lent: n1/1, s1/0" in plan.status.message
+
+
+def test_a_superseded_reclaim_whose_gpus_are_all_back_is_done() -> None:
+    world = lent_world(
+        pods=[pod("own", "n1", [0, 1, 2, 3], namespace="online", priority="high", owner=OWNER)]
+    )
+    world.step()  # accepted (and Done: all held)
+    world.lease["status"]["phase"] = "InProgress"
+    world.lease["status"]["reclaimed"] = []
+    plan = planner.plan_lease(world.parsed(), world.view(), ledger=Ledger(superseded_by="l2"), now=T0)
+    assert plan.status.phase is LeasePhase.DONE and plan.status.still_lent == []
+    assert len(plan.status.reclaimed) == 4
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.lists(st.sampled_from([H20, A100]), max_size=2, unique=True))
+def test_every_lent_gpu_ends_back_replaced_or_unrecoverable_with_whatever_standby_pool(
+    scenario: tuple[list[str], list[str], list[str]], pool_models: list[str]
+) -> None:
+    """Any lent GPUs in any state, a standby pool holding some of their models or none: the
+    Reclaim ends Done, each GPU exactly once back (reclaimed), replaced by a standby GPU of
+    its model and tier >= (one-for-one) or unrecoverable, and NoStandbyOfModel exactly for
+    the GPUs needing a replacement whose model the pool lacks."""
+    states, tiers, models = scenario
+    nodes, pods, records = lent_states(states, tiers, models)
+    for model in pool_models:
+        nodes.append(gpunode(f"s-{model[-4:]}", "HA", count=len(states), model=model, pool="standby"))
+    world = World(nodes, pods, lease("r", "Reclaim", count=len(states)))
+    ledger = Ledger(records=records)
+    for _ in range(40):
+        plan = planner.plan_lease(
+            world.parsed(), world.view(), ledger=ledger, now=world.now, standby_wait=600
+        )
+        world.apply(plan)
+        if plan.status.phase is not LeasePhase.IN_PROGRESS:
+            break
+        world.bind_tagged_free()
+        world.now += timedelta(seconds=100)
+    status = world.parsed().status
+    assert status.phase is LeasePhase.DONE
+    reclaimed = set(keys_of(status.reclaimed))
+    replaced = {s.original.key: s.replacement for s in status.supplemented_from_standby if s.returned}
+    gone = {u.key: u.reason for u in status.unrecoverable}
+    assert len(reclaimed) + len(replaced) + len(gone) == len(records)
+    assert reclaimed | set(replaced) | set(gone) == set(records)
+    assert len({r.key for r in replaced.values()}) == len(replaced)
+    for original, replacement in replaced.items():
+        assert replacement.model == records[original].model
+        assert replacement.tier is not None and replacement.tier >= (records[original].tier or Tier.LA)
+    for key, reason in gone.items():
+        assert reason == planner.UNRECOVERABLE_NO_STANDBY
+        assert records[key].model not in pool_models
+    for key, record in records.items():
+        state = states[int(key.node[1:])]
+        if state not in ("free", "lp", "owner") and record.model in pool_models:
+            assert key in replaced  # the pool had the model: never unrecoverable
