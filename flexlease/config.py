@@ -269,7 +269,7 @@ class StandbySettings(_Group):
         "the quantile (also the target of a model no Reclaim has needed yet).",
     )
     floors: dict[str, int] = Field(
-        default_factory=dict,
+        default={},
         description="``adaptive``: ``floor_gpus`` per GPU model (NVML name, e.g. ``NVIDIA A100-SXM4-80GB``)"
         ", overriding it for the models named.",
     )

@@ -6,7 +6,8 @@ plain leasing on the same inputs and writes ``report.json``, ``ha_share.png`` (F
 
 * pure model (no I/O): :mod:`~flexlease.sim.traces` (LP arrivals from the public traces,
   scaled; utilisation signals; synthetic fallback), :mod:`~flexlease.sim.tide` (Fig. 2 demand,
-  the irregular stress tide, §4.4 scale policy), :mod:`~flexlease.sim.failures` (failure process calibrated to Fig. 5),
+  the irregular stress tide, §4.4 scale policy), :mod:`~flexlease.sim.failures` (failure
+  process calibrated to Fig. 5),
   :mod:`~flexlease.sim.tiering` (availability and tiers over the rolling window),
   :mod:`~flexlease.sim.metrics` (what is measured), :mod:`~flexlease.sim.objects` (Pods,
   GPUNodes, GPULeases as JSON), :mod:`~flexlease.sim.scenario` (parameters);

@@ -36,7 +36,7 @@ def _paths(node: dict[str, Any], path: str = "") -> list[str]:
 
 def test_every_field_of_every_crd_is_listed_with_a_description() -> None:
     loaded = _committed()
-    assert {c.kind for c in loaded} == {"GPUNode", "GPULease"}
+    assert {c.kind for c in loaded} == {"GPUNode", "GPULease", "GPULeasePolicy"}
     assert crds.missing_descriptions(loaded) == []
     for c in loaded:
         for version, fields in c.versions():
