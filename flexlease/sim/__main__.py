@@ -88,6 +88,16 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
         " (the lease controller's lease.standby_wait_seconds; default 600)",
     )
     p.add_argument(
+        "--standby-mode",
+        choices=("fixed", "adaptive"),
+        default="fixed",
+        help="the lease controller's lease.standby.mode: fixed (the --standby-nodes GPUs; default) or"
+        " adaptive (per model, p99 of the Done Reclaims' shortfalls over 14 days + --standby-floor)",
+    )
+    p.add_argument(
+        "--standby-floor", type=int, default=0, help="adaptive standby: GPUs kept per model (default 0)"
+    )
+    p.add_argument(
         "--gpu-models",
         default=None,
         help='GPU models and their shares of the nodes, e.g. "NVIDIA H20:0.7,NVIDIA H100 80GB HBM3:0.3"'
@@ -124,6 +134,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
             tide_kind=args.tide,
             failure_scale=args.failure_scale,
             standby_wait=args.standby_wait,
+            standby_mode=args.standby_mode,
+            standby_floor=args.standby_floor,
             lp_load=args.lp_load,
             lp_patience=args.lp_patience,
             tier_refresh=args.tier_refresh_hours * 3600.0,

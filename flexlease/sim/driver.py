@@ -1269,6 +1269,11 @@ class Simulation:
                 standby_in_use=sum(1 for d in self.held if d.node in standby),
                 lp_running_gpus=sum(p.gpus for p in self.pods.values() if not p.high and p.node),
                 static_ha_share=static_ha,
+                standby_idle=sum(
+                    1
+                    for k, g in self.gpus.items()
+                    if k.node in standby and g.healthy and k not in self.held and k not in self._tags
+                ),
             )
         )
 
@@ -1514,6 +1519,10 @@ class Simulation:
                 "max_job_standby_gpus": max((x.job_standby_gpus for x in self.samples), default=0),
                 "max_standby_in_use": max((x.standby_in_use for x in self.samples), default=0),
                 "final_job_standby_gpus": self.samples[-1].job_standby_gpus if self.samples else 0,
+                "mode": s.standby_mode,
+                # hourly samples: each counts one hour of its idle standby GPUs
+                "idle_gpu_hours": sum(x.standby_idle for x in self.samples if x.t >= since),
+                "final_idle_gpus": self.samples[-1].standby_idle if self.samples else 0,
             },
             "scheduling": {
                 "cycles": self.stats.scheduling_cycles,

@@ -34,6 +34,8 @@ class Sample:
     standby_in_use: int
     lp_running_gpus: int
     static_ha_share: float
+    standby_idle: int = 0
+    """Standby-pool GPUs that are healthy, held by no pod and untagged: waiting for a Reclaim."""
 
     @property
     def job_ha_share(self) -> float | None:

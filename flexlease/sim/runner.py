@@ -30,7 +30,7 @@ import uvloop
 
 import flexlease.logging
 from flexlease.clock import ManualClock
-from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StoreSettings
+from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StandbySettings, StoreSettings
 from flexlease.logging import ctx
 from flexlease.sim import driver, failures, traces
 from flexlease.sim.extender_client import ExtenderClient
@@ -87,6 +87,11 @@ def sim_settings(scenario: Scenario, policy: Policy = Policy.ROR) -> Settings:
             resync_seconds=3600.0,
             standby_pool_size=scenario.standby_pool_size,
             standby_wait_seconds=scenario.standby_wait,
+            standby=StandbySettings(
+                mode="adaptive" if scenario.standby_mode == "adaptive" else "fixed",
+                floor_gpus=scenario.standby_floor,
+                window_seconds=scenario.standby_window,
+            ),
         ),
     )
 

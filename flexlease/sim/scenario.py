@@ -67,7 +67,10 @@ class Scenario:
       it lists the GPU unrecoverable), ``lease_enabled`` (False runs the
       extender without its controller, to show that it is noticed), ``standby_refill``
       (the controller keeps the standby pool at its initial size, ``standby_nodes`` ×
-      ``gpus_per_node`` GPUs, moving whole free nodes into it; False leaves it as set up).
+      ``gpus_per_node`` GPUs, moving whole free nodes into it; False leaves it as set up),
+      ``standby_mode`` (``fixed``: that size; ``adaptive``: the controller's
+      ``lease.standby.mode: adaptive``, per model the p99 of the Done Reclaims' shortfalls
+      within ``standby_window`` + ``standby_floor``, starting from the ``standby_nodes`` set up).
     """
 
     nodes: int = 64
@@ -100,6 +103,9 @@ class Scenario:
     standby_wait: float = 600.0
     lease_enabled: bool = True
     standby_refill: bool = True
+    standby_mode: str = "fixed"
+    standby_floor: int = 0
+    standby_window: float = 14 * DAY
     gpu_models: tuple[tuple[str, float], ...] = (("NVIDIA H20", 1.0),)
 
     def __post_init__(self) -> None:
@@ -117,6 +123,10 @@ class Scenario:
             raise ValueError("gpu_models names a model twice")
         if self.tide_kind not in TIDE_KINDS:
             raise ValueError(f"tide must be one of {', '.join(TIDE_KINDS)}, not {self.tide_kind!r}")
+        if self.standby_mode not in ("fixed", "adaptive"):
+            raise ValueError(f"standby_mode must be fixed or adaptive, not {self.standby_mode!r}")
+        if self.standby_floor < 0 or self.standby_window <= 0:
+            raise ValueError("standby_floor must be >= 0 and standby_window positive")
         if self.standby_wait <= 0:
             raise ValueError("standby_wait must be positive")
         if not 0 < self.failure_scale <= 100:

@@ -152,3 +152,33 @@ async def test_stress_tides_keep_right_of_return_at_the_edges(tmp_path: Path) ->
     assert totals["lent_in_kind"] > 0 and totals["supplemented"] > 0
     assert totals["still_lent"] > 0 and totals["carried_in"] > 0 and totals["unrecoverable"] > 0
     assert totals["lost"] == 0 and totals["closed_cycles"] >= totals["cycles"] - 2
+
+
+async def test_the_adaptive_standby_pool_sizes_itself_from_the_reclaims_shortfalls(tmp_path: Path) -> None:
+    """``lease.standby.mode: adaptive`` in the hosted extender: with no Reclaim history the pool
+    starts at its floor (0), so the two standby nodes set up go back to general and a Reclaim
+    finds no standby GPU (a lent GPU unrecoverable); that shortfall makes the target > 0 and a
+    node joins the pool again. Right-of-return's invariants hold throughout."""
+    scenario = _scenario(
+        tmp_path,
+        nodes=6,
+        standby_nodes=2,
+        days=2.0,
+        seed=1,
+        tide_kind="irregular",
+        failure_scale=6.0,
+        standby_mode="adaptive",
+    )
+    report, _ = await runner.run_all(scenario, [Policy.ROR], tmp_path / "out", keep_state=True)
+    section = report["policies"]["ror"]
+    assert "error" not in section and section["invariants"]["total"] == 0, section["invariants"]
+    standby, reclaim = section["standby"], section["reclaim"]
+    assert standby["mode"] == "adaptive"
+    hours = (scenario.horizon - scenario.warmup) / 3600
+    assert standby["idle_gpu_hours"] < 16 * hours / 2  # the fixed pool keeps 16 GPUs idle all along
+    assert reclaim["unrecoverable"] + reclaim["supplemented"] > 0
+    assert standby["final_idle_gpus"] > 0  # grown back after the shortfall
+    state = json.loads((tmp_path / "out" / "ror" / "state.json").read_text())
+    moves = [e["message"] for e in state["Event"] if e["reason"] == "StandbyPool"]
+    assert any("left the standby pool" in m for m in moves)
+    assert any("joined the standby pool" in m and "Reclaim shortfall" in m for m in moves)
