@@ -230,7 +230,9 @@ class AutopilotController:
         self._policies = Mirror(store, Kind.GPULEASEPOLICY, on_change=self._policy_changed)
         self._leases = Mirror(store, Kind.GPULEASE, on_change=self._lease_changed)
         self._nodes = Mirror(store, Kind.GPUNODE, on_change=lambda _type, _obj: None)
-        self._events = EventRecorder(store, component=COMPONENT, instance=instance or socket.gethostname())
+        self._events = EventRecorder(
+            store, component=COMPONENT, instance=instance or socket.gethostname(), clock=self._clock
+        )
         self._generations: dict[str, object] = {}
         """Policy key → the ``metadata.generation`` last seen: a status write (ours) does not
         enqueue the policy again, a spec change does."""

@@ -20,7 +20,7 @@ import uvloop
 
 from flexlease.api.tiers import Tier
 from flexlease.sim import cluster, driver, report, runner
-from flexlease.sim.scenario import DEFAULT_DATA_DIR, Scenario, parse_gpu_models
+from flexlease.sim.scenario import AUTOPILOT_MODES, DEFAULT_DATA_DIR, Scenario, parse_gpu_models
 from flexlease.sim.traces import DAY
 
 
@@ -115,6 +115,31 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
         help="policies simulated at once, one process each (default: all of them, sharing the"
         " CPUs, so that they end together instead of one worker running two in turn; same report)",
     )
+    p.add_argument(
+        "--autopilot",
+        choices=AUTOPILOT_MODES,
+        default="off",
+        help="who sizes the online job under --policy ror: off (the hand-written tide policy; default) or"
+        " the lease autopilot with a GPULeasePolicy of that demand source, followed through its leases",
+    )
+    p.add_argument(
+        "--autopilot-lead",
+        type=int,
+        default=600,
+        help="the autopilot policy's leadTime, seconds (default 600)",
+    )
+    p.add_argument(
+        "--demand-noise",
+        type=float,
+        default=0.0,
+        help="day-to-day noise of the job's demand: std. dev. of a daily level around 1 (default 0)",
+    )
+    p.add_argument(
+        "--surprise-peaks",
+        type=float,
+        default=0.0,
+        help="surprise demand peaks per day (30 min-3 h, to 0.8-1.0 of the peak; seeded; default 0)",
+    )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     try:
@@ -141,6 +166,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
             tier_refresh=args.tier_refresh_hours * 3600.0,
             gpu_models=gpu_models,
             warmup=min(DAY, args.days * DAY / 4),
+            autopilot=args.autopilot,
+            autopilot_lead=args.autopilot_lead,
+            demand_noise=args.demand_noise,
+            surprise_peaks=args.surprise_peaks,
         )
     except ValueError as exc:
         p.error(str(exc))

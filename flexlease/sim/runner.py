@@ -30,9 +30,16 @@ import uvloop
 
 import flexlease.logging
 from flexlease.clock import ManualClock
-from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StandbySettings, StoreSettings
+from flexlease.config import (
+    AutopilotSettings,
+    ExtenderSettings,
+    LeaseSettings,
+    Settings,
+    StandbySettings,
+    StoreSettings,
+)
 from flexlease.logging import ctx
-from flexlease.sim import driver, failures, traces
+from flexlease.sim import demandtrace, driver, failures, traces
 from flexlease.sim.extender_client import ExtenderClient
 from flexlease.sim.scenario import Policy, Scenario
 from flexlease.store.base import Kind
@@ -62,7 +69,8 @@ class Hosted(Protocol):
     def paused(self) -> contextlib.AbstractAsyncContextManager[None]: ...
 
 
-HostFactory = Callable[[Settings, MemoryStore, ManualClock], contextlib.AbstractAsyncContextManager[Hosted]]
+HostFactory = Callable[..., contextlib.AbstractAsyncContextManager[Hosted]]
+"""``hosted(settings, store, clock)``, and ``metrics_source=`` when the autopilot runs."""
 
 
 def load_host() -> HostFactory:
@@ -77,7 +85,8 @@ def sim_settings(scenario: Scenario, policy: Policy = Policy.ROR) -> Settings:
     off per the scenario, keeping the standby pool at its initial size, resyncing hourly
     (every change is watched; the resync is only a safety net). Plain leasing runs the same
     app with ``extender.right_of_return`` off: tiers and ownership tags are not consulted,
-    as in the paper's baseline where GPUs are interchangeable."""
+    as in the paper's baseline where GPUs are interchangeable. The lease autopilot (when the
+    scenario has one) reconciles once per tick at the latest."""
     return Settings(
         log_level="WARNING",
         store=StoreSettings(kind="memory"),
@@ -93,6 +102,7 @@ def sim_settings(scenario: Scenario, policy: Policy = Policy.ROR) -> Settings:
                 window_seconds=scenario.standby_window,
             ),
         ),
+        autopilot=AutopilotSettings(resync_seconds=scenario.tick),
     )
 
 
@@ -124,9 +134,13 @@ async def run_policy(
         clock=clock, uids=uid_source(policy), history_revisions=HISTORY_REVISIONS, check_shared=check_shared
     )
     factory = host or load_host()
+    extra: dict[str, Any] = {}
+    if scenario.autopilot != "off" and policy is Policy.ROR:
+        # the autopilot's Prometheus: the demand trace at the simulation's clock
+        extra["metrics_source"] = demandtrace.TraceSource(world.tide, now=clock.now, origin=clock.now())
     try:
         async with (
-            factory(sim_settings(scenario, policy), store, clock) as ext,
+            factory(sim_settings(scenario, policy), store, clock, **extra) as ext,
             ExtenderClient(ext.url, connect=ext.connect) as client,
         ):
             sim = driver.Simulation(
