@@ -47,7 +47,7 @@ def test_day_to_day_noise_changes_days_without_a_step_at_midnight() -> None:
 
 def test_surprise_peaks_lift_demand_to_their_level_while_they_last() -> None:
     peaky = _trace(5, peaks_per_day=2.0)
-    inside = [p for p in peaky.peaks if 0 <= p.start and p.end < 10 * DAY]
+    inside = [p for p in peaky.peaks if p.start >= 0 and p.end < 10 * DAY]
     assert inside, "two a day over ten days: some peaks"
     for p in inside:
         assert 1800.0 <= p.end - p.start <= 3 * 3600.0

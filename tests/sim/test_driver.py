@@ -224,7 +224,9 @@ def test_under_the_autopilot_a_reclaim_may_leave_loans_out_and_they_are_accounte
     sim._tags = {b: driver.JOB_OWNER}
     sim._lease_objs = {
         "online/lend-0001": _lease("lend-0001", "Lend", 0, phase="Done", lent=[_record(a), _record(b)]),
-        "online/reclaim-0001": _lease("reclaim-0001", "Reclaim", 10, count=1, phase="Done", lent=[_record(a)]),
+        "online/reclaim-0001": _lease(
+            "reclaim-0001", "Reclaim", 10, count=1, phase="Done", lent=[_record(a)]
+        ),
     }
     cycle = driver.metrics.Cycle(
         down_at=0.0, released=2, up_at=600.0, lend="online/lend-0001", reclaim="online/reclaim-0001"

@@ -202,7 +202,7 @@ async def test_the_real_autopilot_sizes_the_job_and_the_job_follows_its_leases(t
     demand = section["demand"]
     assert demand["sizing"] == "autopilot:prometheus"
     assert demand["policy_lends"] > 0 and demand["policy_reclaims"] > 0, demand
-    assert 0 < demand["lent_gpu_hours"] and demand["held_gpu_hours"] < scenario.job_gpus * demand["hours"]
+    assert demand["lent_gpu_hours"] > 0 and demand["held_gpu_hours"] < scenario.job_gpus * demand["hours"]
 
     state = json.loads((tmp_path / "out" / "ror" / "state.json").read_text())
     leases = state["GPULease"]
