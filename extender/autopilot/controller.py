@@ -75,10 +75,10 @@ from flexlease.api.policy import (
     parse_policy,
 )
 from flexlease.api.resources import (
+    FINAL_PHASES,
     GPULeaseSpec,
     GPUNode,
     LeaseAction,
-    LeasePhase,
     parse_gpunode,
 )
 from flexlease.clock import Clock, SystemClock, format_time
@@ -98,7 +98,9 @@ COND_VALID: Final = "Valid"
 COND_DEMAND: Final = "DemandKnown"
 COND_IN_FLIGHT: Final = "LeaseInFlight"
 MIN_REQUEUE_SECONDS: Final = 1.0
-FINISHED: Final = frozenset({LeasePhase.DONE.value, LeasePhase.FAILED.value})
+FINISHED: Final = frozenset(phase.value for phase in FINAL_PHASES)
+"""Done, Failed and Cancelled (a Lend superseded by a Reclaim): the lease controller acts on
+none of them again."""
 
 
 def policy_key(namespace: str, name: str) -> str:
@@ -123,8 +125,8 @@ def lease_owner(obj: JsonObj) -> str | None:
 
 
 def in_flight(leases: list[JsonObj], owner: str) -> list[str]:
-    """Names of ``owner``'s GPULeases whose phase is not Done or Failed (a lease not yet
-    reconciled has none: in flight too)."""
+    """Names of ``owner``'s GPULeases whose phase is not Done, Failed or Cancelled (a lease not
+    yet reconciled has none: in flight too)."""
     out: list[str] = []
     for obj in leases:
         status = obj.get("status")
@@ -132,6 +134,30 @@ def in_flight(leases: list[JsonObj], owner: str) -> list[str]:
         if lease_owner(obj) == owner and phase not in FINISHED:
             out.append(str(_meta(obj).get("name")))
     return out
+
+
+def created_within_second(leases: list[JsonObj], owner: str, now: float) -> bool:
+    """Whether a GPULease of ``owner`` has the ``creationTimestamp`` of the whole second of
+    ``now``. ``creationTimestamp`` has whole seconds, and the lease controller orders an
+    owner's leases by (creationTimestamp, name): a Lend written in the second its Reclaim was
+    written would sort by name and could count as older than the Reclaim (and be Cancelled as
+    superseded by it), so the autopilot writes its next lease a second later. A missing or
+    unreadable timestamp does not count. Only the same second counts (the API server's clock
+    may be ahead of this one: a later timestamp must not hold the autopilot), so with clocks
+    skewed by a second or more the tie is not avoided; a Cancelled lease then is final and the
+    next reconcile decides afresh."""
+    second = float(int(now))
+    for obj in leases:
+        stamp = _meta(obj).get("creationTimestamp")
+        if lease_owner(obj) != owner or not isinstance(stamp, str):
+            continue
+        try:
+            created = datetime.fromisoformat(stamp).timestamp()
+        except ValueError:
+            continue
+        if second <= created < second + 1.0:
+            return True
+    return False
 
 
 def next_sequence(policy: GPULeasePolicy, leases: list[JsonObj]) -> int:
@@ -450,6 +476,9 @@ class AutopilotController:
                     "autopilot dry run",
                     extra=ctx(policy=label, owner=owner, action=verdict.action.value, gpus=verdict.count),
                 )
+        elif created_within_second(leases, owner, now):
+            log.debug("autopilot waits a second", extra=ctx(policy=label, owner=owner))
+            return MIN_REQUEUE_SECONDS  # see created_within_second: then decided afresh
         else:
             sequence = next_sequence(policy, leases)
             obj = lease_object(policy, verdict.action, verdict.count, sequence=sequence)
