@@ -1,17 +1,19 @@
 """The extender hosted inside a simulation: the real app over HTTP, on a virtual clock.
 
 :func:`hosted` serves exactly what ``flexlease-extender`` serves (:func:`extender.main.serve`
-with :func:`extender.server.create_app` and the lease controller's cleanup context) over an
-in-process :class:`~flexlease.store.memory.MemoryStore`, on ``127.0.0.1`` and a free port,
-with every timer on the simulation's :class:`~flexlease.clock.ManualClock`: the lease
-controller's grace periods, back-offs and resyncs, and the inventory's reservation TTL. The
+with :func:`extender.server.create_app`, the lease controller's cleanup context and, given a
+metrics source, the lease autopilot's) over an in-process
+:class:`~flexlease.store.memory.MemoryStore`, on ``127.0.0.1`` and a free port, with every
+timer on the simulation's :class:`~flexlease.clock.ManualClock`: the lease controller's grace
+periods, back-offs and resyncs, the autopilot's resyncs and requeues, and the inventory's
+reservation TTL. The
 simulator (:mod:`flexlease.sim`, which may not import this package and loads this module by
 name) speaks the kube-scheduler wire format to it, over connections that
 :meth:`HostedExtender.connect` opens to the same aiohttp server in the same event loop
 (:mod:`flexlease.pipe`: the HTTP bytes without the loopback socket), and calls
 :meth:`HostedExtender.settle`
 before it moves time or asks anything: the store's watches have delivered every change and
-the controller's work queue is empty, so each step starts from one well-defined state and a
+the controllers' work queues are empty, so each step starts from one well-defined state and a
 run is reproducible.
 """
 

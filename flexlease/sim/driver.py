@@ -8,7 +8,9 @@ simulated seconds) it:
    :mod:`flexlease.sim.failures`, tiers from :mod:`flexlease.sim.tiering`) and patches the
    ``GPUNode`` status of every node that changed;
 2. finishes LP pods whose run time is over (status ``Succeeded``, then deleted);
-3. scales the online job with the tide (:mod:`flexlease.sim.tide`): scale-down deletes the
+3. scales the online job — under the lease autopilot (``Scenario.autopilot``) by following the
+   GPULeases it writes (:meth:`Simulation.follow_policy`), else as follows — with the tide
+   (:mod:`flexlease.sim.tide`): scale-down deletes the
    newest pods holding half its GPUs and, with right-of-return, writes a ``GPULease`` Lend
    with those devices; scale-up writes a Reclaim with the lent count, creates pods pinned
    (required hostname affinity) to the GPUs tagged for the job, and schedules them as the

@@ -5,8 +5,11 @@ uids and ``creationTimestamp`` s from the clock), its own
 :class:`~flexlease.clock.ManualClock` starting at :data:`flexlease.sim.driver.EPOCH`, and its
 own extender — the real app and lease controller, served on loopback HTTP in this process
 by ``extender.simhost`` on that clock (``flexlease`` may not import ``extender``, so the
-module is loaded by name, :data:`HOST_MODULE`). The policies share nothing but the inputs
-(:class:`flexlease.sim.driver.World`: the same LP arrivals, tide and GPU outages).
+module is loaded by name, :data:`HOST_MODULE`). With ``Scenario.autopilot`` the right-of-return
+policy's extender also runs the real lease autopilot, reading the demand trace through a
+:class:`flexlease.sim.demandtrace.TraceSource` on the same clock. The policies share nothing but
+the inputs (:class:`flexlease.sim.driver.World`: the same LP arrivals, demand trace and GPU
+outages).
 """
 
 from __future__ import annotations
