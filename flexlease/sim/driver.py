@@ -1059,6 +1059,10 @@ class Simulation:
         keeps ``held - N``; a Reclaim of N raises the job's size by N and follows the Reclaim
         as the tide policy's scale-up does (pinned pods on the returned GPUs). Each is one
         restart of the job. A lease that Failed before the job acted is only noted."""
+        if self.reclaim_started is not None:
+            # an open Reclaim may wait for the job's pods with no deadline of the controller's
+            # to follow it at (its targets free): the job's controller looks every tick
+            await self._follow_reclaim(t)
         await self.caught_up()
         for key, lease in self._policy_leases():
             name = key.split("/", 1)[1]
@@ -1524,10 +1528,28 @@ class Simulation:
                 if not high and d.node in standby_nodes:
                     inv.violated("lp_on_standby", f"t={t:g}: {_named(holder)} holds {d} on a standby node")
         if self.autopilot and self.reclaim_started is not None:
-            self._check_job_takes_its_gpus(t, among=self._reclaim_targets())
+            self._check_job_takes_its_gpus(t, among=self._reclaim_targets(), substitutes=self._substitutes())
         elif self.policy is Policy.ROR and self.size is tide.Scale.FULL:
             self._check_job_takes_its_gpus(t)
         self.observe()
+
+    def _substitutes(self) -> int:
+        """GPUs the open Reclaim's pinned pods hold that are not its targets. The lease controller
+        picks a count Reclaim's targets among the job's loans cheapest first; the extender binds
+        a reclaim pod to the owner's tagged GPUs of the lowest tier first. On a node with loans
+        besides the targets a pinned pod may take one of those: the job took a GPU of its own,
+        not an untagged one, and the next pinned pod goes for the target (:meth:`_pin_reclaim_pods`
+        makes room for it). Only the open Reclaim's pods count (created since it started)."""
+        if self.reclaim_started is None:
+            return 0
+        targets = self._reclaim_targets()
+        return sum(
+            1
+            for p in self._job_pods()
+            if p.reclaim and p.created >= self.reclaim_started
+            for d in p.devices
+            if d not in targets
+        )
 
     def _loans_held(self) -> int:
         """Under the autopilot, GPUs the job's pods hold that are still tagged for it and are
@@ -1555,10 +1577,13 @@ class Simulation:
             s.replacement.key for s in status.supplemented_from_standby
         }
 
-    def _check_job_takes_its_gpus(self, t: float, *, among: frozenset[DeviceKey] | None = None) -> None:
+    def _check_job_takes_its_gpus(
+        self, t: float, *, among: frozenset[DeviceKey] | None = None, substitutes: int = 0
+    ) -> None:
         """At full size the job must hold the GPUs tagged for it: a healthy, free GPU tagged for
         the job while it holds its full size means its pods took other GPUs instead. ``among``:
-        only these GPUs (the autopilot's last Reclaim's targets)."""
+        only these GPUs (the autopilot's open Reclaim's targets); ``substitutes``: that many
+        idle ones are excused (see :meth:`_substitutes`)."""
         if sum(len(p.devices) for p in self._job_pods()) - self._loans_held() < self.job_target:
             return
         idle = [
@@ -1570,7 +1595,7 @@ class Simulation:
             and self.gpus[key].healthy
             and (among is None or key in among)
         ]
-        if idle:
+        if len(idle) > substitutes:
             self.invariants.violated(
                 "job_full_beside_lent_gpus",
                 f"t={t:g}: the job holds its {self.job_target} GPUs while {len(idle)} GPUs tagged for it"
