@@ -7,7 +7,8 @@ mean and spread (min–max) over the runs (seeds) given for it.
 
 Columns (after the warm-up, per tick): the share of time the job held fewer GPUs than its demand
 (``ceil`` of the trace), the GPU-hours below and above the demand, the job's interruptions (scale
-events and pods lost: count, hours), GPU-hours lent (tagged for the job), LP fulfilment, idle
+events and pods lost: count, hours), GPU-hours released (the job's peak less what it held) and of
+those lent with a right of return (tagged for the job: HA and MA GPUs), LP fulfilment, idle
 standby GPU-hours, the share of Reclaims fully served, and the invariant checks with their
 violations. A run with an error is refused (exit status 1); violations are shown, never hidden.
 """
@@ -24,6 +25,14 @@ from typing import Any, Final
 from hack.standby_summary import cell, policy_of
 
 Metric = Callable[[dict[str, Any]], float | None]
+PEAK: Final = "_peak_gpus"
+"""Where :func:`table` puts the job's peak allocation (``scenario.job_gpus``) in a section."""
+
+
+def _released(p: dict[str, Any]) -> float:
+    """GPU-hours the job did not hold below its peak: its peak × the hours less what it held."""
+    demand = p["demand"]
+    return round(float(p[PEAK]) * float(demand["hours"]) - float(demand["held_gpu_hours"]), 1)
 
 
 def _served(p: dict[str, Any]) -> float | None:
@@ -37,7 +46,8 @@ COLUMNS: Final[list[tuple[str, Metric, str]]] = [
     ("GPU-h above demand", lambda p: p["demand"]["above_gpu_hours"], "int"),
     ("interruptions", lambda p: p["job"]["restarts"], "int"),
     ("interrupted h", lambda p: p["job"]["interruption_hours"], "float"),
-    ("GPU-h lent", lambda p: p["demand"]["lent_gpu_hours"], "int"),
+    ("GPU-h released", _released, "int"),
+    ("GPU-h lent (tagged)", lambda p: p["demand"]["lent_gpu_hours"], "int"),
     ("LP fulfilment", lambda p: p["lp_fulfilment"]["overall"], "pct"),
     ("idle standby GPU-h", lambda p: p["standby"]["idle_gpu_hours"], "int"),
     ("Reclaims fully served", _served, "pct"),
@@ -49,7 +59,7 @@ def table(groups: Sequence[tuple[str, list[dict[str, Any]]]]) -> str:
     head = ["sizing", "runs", *(name for name, _, _ in COLUMNS), "invariant violations / checks"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, reports in groups:
-        sections = [policy_of(r) for r in reports]
+        sections = [{**policy_of(r), PEAK: r["scenario"]["job_gpus"]} for r in reports]
         for s in sections:
             if "demand" not in s:
                 raise ValueError("a report without the demand section (simulator before issue #40)")

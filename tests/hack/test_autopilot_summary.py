@@ -26,8 +26,10 @@ def _report(below: float, restarts: int, *, violations: int = 0, demand: bool = 
             "below_gpu_hours": 12,
             "above_gpu_hours": 300,
             "lent_gpu_hours": 40,
+            "hours": 10,
+            "held_gpu_hours": 70,
         }
-    return {"policies": {"ror": section}}
+    return {"policies": {"ror": section}, "scenario": {"job_gpus": 8}}
 
 
 def test_rows_give_mean_and_spread_and_count_violations() -> None:
@@ -37,7 +39,7 @@ def test_rows_give_mean_and_spread_and_count_violations() -> None:
     lines = text.splitlines()
     assert lines[0].startswith("| sizing | runs | time below demand | GPU-h below demand |")
     assert lines[2] == (
-        "| tide | 2 | 1.0 % (0.0 %–2.0 %) | 12 | 300 | 12 (10–14) | 0.50 | 40 | 50.0 % | 10 | 75.0 % | 0 / 200 |"
+        "| tide | 2 | 1.0 % (0.0 %–2.0 %) | 12 | 300 | 12 (10–14) | 0.50 | 10 | 40 | 50.0 % | 10 | 75.0 % | 0 / 200 |"
     )
     assert lines[3].endswith("| 2 / 100 |")
 
