@@ -1,17 +1,19 @@
 """The extender hosted inside a simulation: the real app over HTTP, on a virtual clock.
 
 :func:`hosted` serves exactly what ``flexlease-extender`` serves (:func:`extender.main.serve`
-with :func:`extender.server.create_app` and the lease controller's cleanup context) over an
-in-process :class:`~flexlease.store.memory.MemoryStore`, on ``127.0.0.1`` and a free port,
-with every timer on the simulation's :class:`~flexlease.clock.ManualClock`: the lease
-controller's grace periods, back-offs and resyncs, and the inventory's reservation TTL. The
+with :func:`extender.server.create_app`, the lease controller's cleanup context and, given a
+metrics source, the lease autopilot's) over an in-process
+:class:`~flexlease.store.memory.MemoryStore`, on ``127.0.0.1`` and a free port, with every
+timer on the simulation's :class:`~flexlease.clock.ManualClock`: the lease controller's grace
+periods, back-offs and resyncs, the autopilot's resyncs and requeues, and the inventory's
+reservation TTL. The
 simulator (:mod:`flexlease.sim`, which may not import this package and loads this module by
 name) speaks the kube-scheduler wire format to it, over connections that
 :meth:`HostedExtender.connect` opens to the same aiohttp server in the same event loop
 (:mod:`flexlease.pipe`: the HTTP bytes without the loopback socket), and calls
 :meth:`HostedExtender.settle`
 before it moves time or asks anything: the store's watches have delivered every change and
-the controller's work queue is empty, so each step starts from one well-defined state and a
+the controllers' work queues are empty, so each step starts from one well-defined state and a
 run is reproducible.
 """
 
@@ -29,6 +31,8 @@ from prometheus_client import CollectorRegistry
 
 from extender import gcpolicy
 from extender import main as extender_main
+from extender.autopilot import controller as autopilot_controller
+from extender.autopilot.prometheus import MetricsSource
 from extender.lease import controller as lease_controller
 from extender.orchestrator import profile as profiles
 from extender.state import Inventory
@@ -49,6 +53,9 @@ clock a pause costs nothing but its CPU, and fewer, larger collections cost less
 report)."""
 SIM_GEN1_THRESHOLD: Final = 10
 """The generation-1 threshold in a simulation: CPython's default, for the same reason."""
+AUTOPILOT_BUSY_SLEEP: Final = 0.0005
+"""Seconds (real) a settle round waits while the autopilot is busy: its forecast trains in a
+worker thread (:func:`asyncio.to_thread`), which spinning on ``sleep(0)`` would only starve."""
 
 
 class NotQuiescent(FlexleaseError):
@@ -64,6 +71,7 @@ class HostedExtender:
     _store: MemoryStore
     _controller: Callable[[], lease_controller.LeaseController | None]
     _server: web.Server
+    _autopilot: Callable[[], autopilot_controller.AutopilotController | None] = lambda: None
     stopped: bool = False
     """Set once :func:`hosted` is leaving: new connections are refused."""
 
@@ -83,7 +91,12 @@ class HostedExtender:
         """True when no store change is undelivered and the controller has nothing to do (or,
         paused, nothing under way)."""
         controller = self._controller()
-        return self._store.idle and (controller is None or controller.settled)
+        autopilot = self._autopilot()
+        return (
+            self._store.idle
+            and (controller is None or controller.settled)
+            and (autopilot is None or autopilot.idle)
+        )
 
     @contextlib.asynccontextmanager
     async def paused(self) -> AsyncIterator[None]:
@@ -107,7 +120,9 @@ class HostedExtender:
         after :data:`MAX_SETTLE_ROUNDS`. Time does not move meanwhile."""
         quiet = 0
         for rounds in range(1, MAX_SETTLE_ROUNDS + 1):
-            await asyncio.sleep(0)
+            autopilot = self._autopilot()
+            # a forecast trains in a worker thread: give it real time instead of spinning
+            await asyncio.sleep(AUTOPILOT_BUSY_SLEEP if autopilot is not None and not autopilot.idle else 0)
             quiet = quiet + 1 if self.quiet else 0
             if quiet >= SETTLE_QUIET_ROUNDS:
                 return rounds
@@ -115,12 +130,17 @@ class HostedExtender:
 
 
 @contextlib.asynccontextmanager
-async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> AsyncIterator[HostedExtender]:
+async def hosted(
+    settings: Settings, store: MemoryStore, clock: ManualClock, *, metrics_source: MetricsSource | None = None
+) -> AsyncIterator[HostedExtender]:
     """Serve the extender (``settings``; it listens on 127.0.0.1, a free port, plain HTTP
     — loopback inside one process — without the probe listener, and leader election is off)
     over ``store`` on ``clock``, yield it once it listens and its watches have listed, stop
-    it on exit. The store is not closed. Raises
-    :class:`NotQuiescent` when it does not become ready and quiet."""
+    it on exit. The store is not closed. With ``metrics_source`` the lease autopilot
+    (:class:`extender.autopilot.controller.AutopilotController`, the real one, wired as
+    ``flexlease-extender`` wires it) runs too, reading its prometheus and forecast demand
+    from that source (the simulation's demand trace) and its time from ``clock``; without,
+    it does not run. Raises :class:`NotQuiescent` when it does not become ready and quiet."""
     settings = settings.model_copy(
         update={
             "extender": settings.extender.model_copy(
@@ -138,17 +158,32 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
         critical_roles=profiles.critical_for(settings.orchestrator.profile_dirs),
     )
     holder: dict[str, lease_controller.LeaseController] = {}
+    pilots: dict[str, autopilot_controller.AutopilotController] = {}
 
     async def keep_controller(app: web.Application) -> AsyncIterator[None]:
         controller = app.get(lease_controller.LEASE_CONTROLLER)
         if controller is not None:
             holder["controller"] = controller
+        pilot = app.get(autopilot_controller.AUTOPILOT)
+        if pilot is not None:
+            pilots["autopilot"] = pilot
         yield
 
     contexts = [
         lease_controller.cleanup_ctx(settings, store, registry=registry, clock=clock, instance="simulator"),
-        keep_controller,
     ]
+    if metrics_source is not None:
+        contexts.append(
+            autopilot_controller.cleanup_ctx(
+                settings,
+                store,
+                registry=registry,
+                clock=clock,
+                instance="simulator",
+                metrics_source=metrics_source,
+            )
+        )
+    contexts.append(keep_controller)
     listening: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
     servers: list[web.Server] = []
     stop = asyncio.Event()
@@ -172,10 +207,21 @@ async def hosted(settings: Settings, store: MemoryStore, clock: ManualClock) -> 
         if serving in done:
             serving.result()  # raises what stopped it
             raise NotQuiescent("the extender stopped before it listened")
-        host = HostedExtender(listening.result()[0], store, lambda: holder.get("controller"), servers[0])
+        host = HostedExtender(
+            listening.result()[0],
+            store,
+            lambda: holder.get("controller"),
+            servers[0],
+            _autopilot=lambda: pilots.get("autopilot"),
+        )
         for _ in range(MAX_SETTLE_ROUNDS):
             controller = holder.get("controller")
-            if inventory.ready and (controller is None or controller.ready):
+            pilot = pilots.get("autopilot")
+            if (
+                inventory.ready
+                and (controller is None or controller.ready)
+                and (pilot is None or pilot.ready)
+            ):
                 break
             await asyncio.sleep(0)
         else:

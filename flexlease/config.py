@@ -253,6 +253,59 @@ class ExtenderSettings(_Group):
         return self
 
 
+class StandbySettings(_Group):
+    """How the lease controller sizes the standby pool (``lease.standby``): a fixed size, or
+    adaptive per GPU model from the shortfalls of past Reclaims (issue #40, WeFlex §6)."""
+
+    mode: Literal["fixed", "adaptive"] = Field(
+        default="fixed",
+        description="``fixed``: keep the pool at ``lease.standby_pool_size`` GPUs in total (0: leave "
+        "the pools as operators set them). ``adaptive``: per GPU model, keep ``floor_gpus`` plus the "
+        "``quantile`` of the shortfalls (lent GPUs a Done Reclaim could not take back: supplemented "
+        "from the standby pool or unrecoverable) of the Reclaims finished within ``window_seconds``.",
+    )
+    quantile: float = Field(
+        default=0.99,
+        gt=0,
+        le=1,
+        description="``adaptive``: the quantile of the per-Reclaim shortfalls the pool covers (0.99: "
+        "99 % of Reclaims find every standby GPU they need); computed with the inverted-CDF rule, so "
+        "with fewer than 1/(1-quantile) Reclaims it is the largest shortfall seen.",
+    )
+    window_seconds: float = Field(
+        default=14 * 86400.0,
+        gt=0,
+        description="``adaptive``: only Reclaims that reached Done within this many seconds count, by "
+        "their ``Returned`` condition's lastTransitionTime (default 14 days, the tiers' window).",
+    )
+    floor_gpus: int = Field(
+        default=0,
+        ge=0,
+        description="``adaptive``: GPUs kept in the pool for every GPU model the cluster has, on top of "
+        "the quantile (also the target of a model no Reclaim has needed yet).",
+    )
+    floors: dict[str, int] = Field(
+        default={},
+        description="``adaptive``: ``floor_gpus`` per GPU model (NVML name, e.g. ``NVIDIA A100-SXM4-80GB``)"
+        ", overriding it for the models named.",
+    )
+    hold_seconds: float = Field(
+        default=86400.0,
+        ge=0,
+        description="``adaptive`` hysteresis: the pool grows to the target of the last "
+        "``window_seconds`` at once, but shrinks only below the target of the last ``window_seconds`` "
+        "+ ``hold_seconds``, so a shortfall leaving the window frees its nodes this much later, and a "
+        "node moves back only when the pool stays at or above that larger target without it.",
+    )
+
+    @model_validator(mode="after")
+    def _floors_non_negative(self) -> StandbySettings:
+        bad = sorted(model for model, n in self.floors.items() if n < 0)
+        if bad:
+            raise ValueError(f"lease.standby.floors: negative floor for {', '.join(bad)}")
+        return self
+
+
 class LeaseSettings(_Group):
     """The lease controller (lend, reclaim, standby pool)."""
 
@@ -270,8 +323,13 @@ class LeaseSettings(_Group):
     standby_pool_size: int = Field(
         default=0,
         ge=0,
-        description="GPUs the standby pool is kept at, by moving whole free, untagged nodes between "
-        "``general`` and ``standby``. 0: leave the pools as operators set them.",
+        description="GPUs the standby pool is kept at (``standby.mode: fixed``), by moving whole free, "
+        "untagged nodes between ``general`` and ``standby``. 0: leave the pools as operators set them.",
+    )
+    standby: StandbySettings = Field(
+        default_factory=StandbySettings,
+        description="How the standby pool is sized: ``fixed`` (``standby_pool_size``) or ``adaptive`` "
+        "(per GPU model, from past Reclaims' shortfalls).",
     )
     cluster_min_interval_seconds: float = Field(
         default=0.0,

@@ -136,6 +136,30 @@ def in_flight(leases: list[JsonObj], owner: str) -> list[str]:
     return out
 
 
+def created_within_second(leases: list[JsonObj], owner: str, now: float) -> bool:
+    """Whether a GPULease of ``owner`` has the ``creationTimestamp`` of the whole second of
+    ``now``. ``creationTimestamp`` has whole seconds, and the lease controller orders an
+    owner's leases by (creationTimestamp, name): a Lend written in the second its Reclaim was
+    written would sort by name and could count as older than the Reclaim (and be Cancelled as
+    superseded by it), so the autopilot writes its next lease a second later. A missing or
+    unreadable timestamp does not count. Only the same second counts (the API server's clock
+    may be ahead of this one: a later timestamp must not hold the autopilot), so with clocks
+    skewed by a second or more the tie is not avoided; a Cancelled lease then is final and the
+    next reconcile decides afresh."""
+    second = float(int(now))
+    for obj in leases:
+        stamp = _meta(obj).get("creationTimestamp")
+        if lease_owner(obj) != owner or not isinstance(stamp, str):
+            continue
+        try:
+            created = datetime.fromisoformat(stamp).timestamp()
+        except ValueError:
+            continue
+        if second <= created < second + 1.0:
+            return True
+    return False
+
+
 def next_sequence(policy: GPULeasePolicy, leases: list[JsonObj]) -> int:
     """One past every sequence the policy used: its ``lastDecision`` and the
     ``flexlease.io/policy-sequence`` labels of its leases in ``leases``."""
@@ -232,7 +256,9 @@ class AutopilotController:
         self._policies = Mirror(store, Kind.GPULEASEPOLICY, on_change=self._policy_changed)
         self._leases = Mirror(store, Kind.GPULEASE, on_change=self._lease_changed)
         self._nodes = Mirror(store, Kind.GPUNODE, on_change=lambda _type, _obj: None)
-        self._events = EventRecorder(store, component=COMPONENT, instance=instance or socket.gethostname())
+        self._events = EventRecorder(
+            store, component=COMPONENT, instance=instance or socket.gethostname(), clock=self._clock
+        )
         self._generations: dict[str, object] = {}
         """Policy key → the ``metadata.generation`` last seen: a status write (ours) does not
         enqueue the policy again, a spec change does."""
@@ -450,6 +476,9 @@ class AutopilotController:
                     "autopilot dry run",
                     extra=ctx(policy=label, owner=owner, action=verdict.action.value, gpus=verdict.count),
                 )
+        elif created_within_second(leases, owner, now):
+            log.debug("autopilot waits a second", extra=ctx(policy=label, owner=owner))
+            return MIN_REQUEUE_SECONDS  # see created_within_second: then decided afresh
         else:
             sequence = next_sequence(policy, leases)
             obj = lease_object(policy, verdict.action, verdict.count, sequence=sequence)

@@ -55,7 +55,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from extender import tasks
-from extender.lease import deletion_cost, planner
+from extender.lease import deletion_cost, planner, standby
 from extender.lease.events import ObjectRef, event_object
 from extender.lease.ledger import FINISHED, Ledger, owner_ledger
 from extender.lease.metrics import Gauges, LeaseMetrics
@@ -156,6 +156,10 @@ class LeaseController:
         self._parsed_lease_cache: dict[str, tuple[str, GPULease | None]] = {}
         self._cluster = IncrementalView()
         self._open_leases: tuple[int, list[str]] | None = None
+        self._shortfalls: tuple[int, list[standby.Shortfall]] | None = None
+        """The lease mirror's generation and the Done Reclaims' shortfalls then (adaptive pool)."""
+        self._targets: dict[str, standby.Target] = {}
+        """The adaptive pool's last targets (only to log a change)."""
         self._ledger_cache: tuple[tuple[int, str, str], Ledger] | None = None
         """The lease mirror's generation, owner and excluded lease, and :meth:`_ledger` then."""
         """The lease mirror's generation and :meth:`_open_lease_keys` then."""
@@ -198,7 +202,12 @@ class LeaseController:
 
     async def run(self) -> None:
         """Watch and reconcile until cancelled (named tasks in one TaskGroup)."""
-        log.info("lease controller starting", extra=ctx(standby_pool_size=self._settings.standby_pool_size))
+        log.info(
+            "lease controller starting",
+            extra=ctx(
+                standby_mode=self._settings.standby.mode, standby_pool_size=self._settings.standby_pool_size
+            ),
+        )
         self._enqueue_world()  # after a restart of run() (leadership regained) look at everything
         async with asyncio.TaskGroup() as group:
             for mirror in (self._leases, self._nodes, self._pods):
@@ -677,7 +686,12 @@ class LeaseController:
         view = self.view()
         await self._apply_tags(planner.plan_tag_release(view))
         await self._protect_critical()
-        changes = planner.plan_standby(view, size=self._settings.standby_pool_size)
+        goal: dict[str, standby.Target] = {}
+        if self._settings.standby.mode == "adaptive":
+            goal = self._standby_targets(view)
+            changes = standby.plan_pools(view, goal)
+        else:
+            changes = planner.plan_standby(view, size=self._settings.standby_pool_size)
         for change in changes:
             obj = self._nodes.get(None, change.node)
             version = _meta(obj).get("resourceVersion") if obj is not None else None
@@ -687,6 +701,9 @@ class LeaseController:
             self._nodes.put(new)
             verb = "joined" if change.pool.value == "standby" else "left"
             message = f"node {verb} the standby pool with {change.gpus} spare GPUs"
+            model = planner.node_model(view.node_gpus(change.node))
+            if model in goal:
+                message += f" (target {goal[model].reason})"
             log.info("standby pool", extra=ctx(node=change.node, pool=change.pool.value, gpus=change.gpus))
             await self._emit(
                 ObjectRef.gpunode(change.node, _meta(new).get("uid")),
@@ -695,7 +712,36 @@ class LeaseController:
                 type=EventType.NORMAL,
                 now=self._clock.now_utc(),
             )
-        self._update_gauges(self.view() if changes else view)
+        self._update_gauges(self.view() if changes else view, goal)
+
+    def _standby_targets(self, view: ClusterView) -> dict[str, standby.Target]:
+        """The adaptive standby pool's target per model now (:func:`extender.lease.standby.targets`
+        over the mirrored Done Reclaims' shortfalls); a changed target is logged."""
+        generation = self._leases.generation
+        if self._shortfalls is None or self._shortfalls[0] != generation:
+            self._shortfalls = (generation, standby.shortfalls(self._parsed_leases()))
+        cfg = self._settings.standby
+        goal = standby.targets(
+            self._shortfalls[1],
+            models=standby.cluster_models(view),
+            now=self._clock.now_utc(),
+            q=cfg.quantile,
+            window_seconds=cfg.window_seconds,
+            hold_seconds=cfg.hold_seconds,
+            floor=cfg.floor_gpus,
+            floors=cfg.floors,
+        )
+        for model, target in goal.items():
+            before = self._targets.get(model)
+            if before is None or (before.grow, before.keep) != (target.grow, target.keep):
+                log.info(
+                    "standby target",
+                    extra=ctx(
+                        model=model, target_gpus=target.grow, keep_gpus=target.keep, reason=target.reason
+                    ),
+                )
+        self._targets = goal
+        return goal
 
     async def _protect_critical(self) -> None:
         """Give critical ReplicaSet pods the highest ``pod-deletion-cost``
@@ -723,11 +769,11 @@ class LeaseController:
                 ),
             )
 
-    def _update_gauges(self, view: ClusterView) -> None:
+    def _update_gauges(self, view: ClusterView, goal: dict[str, standby.Target]) -> None:
         leases = self._leases.values()
-        self.metrics.defer_gauges(lambda: self._gauges(view, leases))
+        self.metrics.defer_gauges(lambda: self._gauges(view, leases, goal))
 
-    def _gauges(self, view: ClusterView, leases: list[JsonObj]) -> Gauges:
+    def _gauges(self, view: ClusterView, leases: list[JsonObj], goal: dict[str, standby.Target]) -> Gauges:
         """The gauges for ``view`` and the GPULease objects ``leases`` (both as they were at
         the reconcile: the view is frozen, the list a copy)."""
         lent: dict[tuple[str, str], int] = {}
@@ -735,16 +781,22 @@ class LeaseController:
             if gpu.owner is not None:
                 label = (gpu.model or "", gpu.tier.value if gpu.tier else "")
                 lent[label] = lent.get(label, 0) + 1
-        standby: dict[tuple[str, str], int] = {}
+        spare: dict[tuple[str, str], int] = {}
         for gpu in planner.spare_gpus(view):
             label = (gpu.model or "", gpu.tier.value if gpu.tier else "")
-            standby[label] = standby.get(label, 0) + 1
+            spare[label] = spare.get(label, 0) + 1
         outstanding = sum(
             1
             for lease in self._parsed_leases(leases)
             if lease.spec.action is LeaseAction.RECLAIM and lease.status.phase not in FINISHED
         )
-        return Gauges(lent=lent, outstanding_reclaims=outstanding, standby=standby)
+        return Gauges(
+            lent=lent,
+            outstanding_reclaims=outstanding,
+            standby=spare,
+            standby_target={m: t.grow for m, t in goal.items()},
+            standby_shortfall={m: t.quantile_gpus for m, t in goal.items()},
+        )
 
 
 async def serve(

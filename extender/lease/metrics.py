@@ -20,6 +20,8 @@ from prometheus_client.registry import Collector
 LENT_GPUS: Final = "flexlease_lease_lent_gpus"
 OUTSTANDING_RECLAIMS: Final = "flexlease_lease_outstanding_reclaims"
 STANDBY_GPUS: Final = "flexlease_lease_standby_gpus"
+STANDBY_TARGET: Final = "flexlease_lease_standby_target_gpus"
+STANDBY_SHORTFALL: Final = "flexlease_lease_standby_shortfall_gpus"
 RECLAIM_DURATION: Final = "flexlease_lease_reclaim_duration_seconds"
 EVICTIONS_REFUSED: Final = "flexlease_lease_evictions_refused"
 EVICTIONS: Final = "flexlease_lease_evictions"
@@ -43,6 +45,10 @@ class Gauges:
     lent: Mapping[tuple[str, str], int] = field(default_factory=dict)
     outstanding_reclaims: int = 0
     standby: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    standby_target: Mapping[str, int] = field(default_factory=dict)
+    """Adaptive standby pool: the GPUs it grows to, by model (empty with ``mode: fixed``)."""
+    standby_shortfall: Mapping[str, int] = field(default_factory=dict)
+    """Adaptive standby pool: the quantile of the window's Reclaim shortfalls, by model."""
 
 
 class _GaugeCollector(Collector):
@@ -70,6 +76,24 @@ class _GaugeCollector(Collector):
         for (model, tier), n in sorted(gauges.standby.items()):
             standby.add_metric([model, tier], n)
         yield standby
+        target = GaugeMetricFamily(
+            STANDBY_TARGET,
+            "Adaptive standby pool (lease.standby.mode adaptive): spare GPUs it is kept at, by type: "
+            "the quantile of recent Reclaims' shortfalls plus the floor.",
+            labels=["model"],
+        )
+        for model, n in sorted(gauges.standby_target.items()):
+            target.add_metric([model], n)
+        yield target
+        shortfall = GaugeMetricFamily(
+            STANDBY_SHORTFALL,
+            "Adaptive standby pool: the configured quantile of the lent GPUs per Reclaim that did not "
+            "come back themselves (supplemented or unrecoverable) within the window, by type.",
+            labels=["model"],
+        )
+        for model, n in sorted(gauges.standby_shortfall.items()):
+            shortfall.add_metric([model], n)
+        yield shortfall
 
 
 class LeaseMetrics:

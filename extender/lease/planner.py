@@ -1069,11 +1069,14 @@ def spare_gpus(view: ClusterView) -> list[Gpu]:
     ]
 
 
-def _free_node(gpus: Sequence[Gpu]) -> bool:
+def free_node(gpus: Sequence[Gpu]) -> bool:
+    """Every device of the node free and untagged, at least one healthy: it may change pools."""
     return bool(gpus) and all(g.free and g.owner is None for g in gpus) and any(not g.failed for g in gpus)
 
 
-def _model(gpus: Sequence[Gpu]) -> str:
+def node_model(gpus: Sequence[Gpu]) -> str:
+    """A node's GPU model: its devices' most common model (ties: the first by name); ``""``
+    when none is known."""
     models = [g.model for g in gpus if g.model is not None]
     return max(sorted(set(models)), key=models.count) if models else ""
 
@@ -1106,13 +1109,13 @@ def plan_standby(view: ClusterView, *, size: int) -> tuple[PoolChange, ...]:
     nodes = {name: view.node_gpus(name) for name in sorted(view.pools)}
     if pool_size < size:
         candidates = [
-            name for name, gpus in nodes.items() if view.pools[name] is Pool.GENERAL and _free_node(gpus)
+            name for name, gpus in nodes.items() if view.pools[name] is Pool.GENERAL and free_node(gpus)
         ]
         while pool_size < size and candidates:
             best = min(
                 candidates,
                 key=lambda n: (
-                    by_model.get(_model(nodes[n]), 0),
+                    by_model.get(node_model(nodes[n]), 0),
                     -tiers(healthy(nodes[n]))[0],
                     -tiers(healthy(nodes[n]))[1],
                     n,
@@ -1122,10 +1125,10 @@ def plan_standby(view: ClusterView, *, size: int) -> tuple[PoolChange, ...]:
             gained = len(healthy(nodes[best]))
             changes.append(PoolChange(best, Pool.STANDBY, gpus=gained))
             pool_size += gained
-            by_model[_model(nodes[best])] = by_model.get(_model(nodes[best]), 0) + gained
+            by_model[node_model(nodes[best])] = by_model.get(node_model(nodes[best]), 0) + gained
     elif pool_size > size:
         candidates = [
-            name for name, gpus in nodes.items() if view.pools[name] is Pool.STANDBY and _free_node(gpus)
+            name for name, gpus in nodes.items() if view.pools[name] is Pool.STANDBY and free_node(gpus)
         ]
         candidates.sort(key=lambda n: (tiers(healthy(nodes[n])), n))
         for name in candidates:

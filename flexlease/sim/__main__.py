@@ -20,7 +20,7 @@ import uvloop
 
 from flexlease.api.tiers import Tier
 from flexlease.sim import cluster, driver, report, runner
-from flexlease.sim.scenario import DEFAULT_DATA_DIR, Scenario, parse_gpu_models
+from flexlease.sim.scenario import AUTOPILOT_MODES, DEFAULT_DATA_DIR, Scenario, parse_gpu_models
 from flexlease.sim.traces import DAY
 
 
@@ -88,6 +88,16 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
         " (the lease controller's lease.standby_wait_seconds; default 600)",
     )
     p.add_argument(
+        "--standby-mode",
+        choices=("fixed", "adaptive"),
+        default="fixed",
+        help="the lease controller's lease.standby.mode: fixed (the --standby-nodes GPUs; default) or"
+        " adaptive (per model, p99 of the Done Reclaims' shortfalls over 14 days + --standby-floor)",
+    )
+    p.add_argument(
+        "--standby-floor", type=int, default=0, help="adaptive standby: GPUs kept per model (default 0)"
+    )
+    p.add_argument(
         "--gpu-models",
         default=None,
         help='GPU models and their shares of the nodes, e.g. "NVIDIA H20:0.7,NVIDIA H100 80GB HBM3:0.3"'
@@ -104,6 +114,31 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
         default=None,
         help="policies simulated at once, one process each (default: all of them, sharing the"
         " CPUs, so that they end together instead of one worker running two in turn; same report)",
+    )
+    p.add_argument(
+        "--autopilot",
+        choices=AUTOPILOT_MODES,
+        default="off",
+        help="who sizes the online job under --policy ror: off (the hand-written tide policy; default) or"
+        " the lease autopilot with a GPULeasePolicy of that demand source, followed through its leases",
+    )
+    p.add_argument(
+        "--autopilot-lead",
+        type=int,
+        default=600,
+        help="the autopilot policy's leadTime, seconds (default 600)",
+    )
+    p.add_argument(
+        "--demand-noise",
+        type=float,
+        default=0.0,
+        help="day-to-day noise of the job's demand: std. dev. of a daily level around 1 (default 0)",
+    )
+    p.add_argument(
+        "--surprise-peaks",
+        type=float,
+        default=0.0,
+        help="surprise demand peaks per day (30 min-3 h, to 0.8-1.0 of the peak; seeded; default 0)",
     )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
@@ -124,11 +159,17 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Scenario
             tide_kind=args.tide,
             failure_scale=args.failure_scale,
             standby_wait=args.standby_wait,
+            standby_mode=args.standby_mode,
+            standby_floor=args.standby_floor,
             lp_load=args.lp_load,
             lp_patience=args.lp_patience,
             tier_refresh=args.tier_refresh_hours * 3600.0,
             gpu_models=gpu_models,
             warmup=min(DAY, args.days * DAY / 4),
+            autopilot=args.autopilot,
+            autopilot_lead=args.autopilot_lead,
+            demand_noise=args.demand_noise,
+            surprise_peaks=args.surprise_peaks,
         )
     except ValueError as exc:
         p.error(str(exc))

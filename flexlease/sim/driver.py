@@ -8,7 +8,9 @@ simulated seconds) it:
    :mod:`flexlease.sim.failures`, tiers from :mod:`flexlease.sim.tiering`) and patches the
    ``GPUNode`` status of every node that changed;
 2. finishes LP pods whose run time is over (status ``Succeeded``, then deleted);
-3. scales the online job with the tide (:mod:`flexlease.sim.tide`): scale-down deletes the
+3. scales the online job — under the lease autopilot (``Scenario.autopilot``) by following the
+   GPULeases it writes (:meth:`Simulation.follow_policy`), else as follows — with the tide
+   (:mod:`flexlease.sim.tide`): scale-down deletes the
    newest pods holding half its GPUs and, with right-of-return, writes a ``GPULease`` Lend
    with those devices; scale-up writes a Reclaim with the lent count, creates pods pinned
    (required hostname affinity) to the GPUs tagged for the job, and schedules them as the
@@ -50,7 +52,7 @@ from flexlease.api.tiers import Tier
 from flexlease.clock import ManualClock
 from flexlease.errors import FlexleaseError, NotFound, PodSpecError, StoreError, TooManyRequests
 from flexlease.logging import ctx
-from flexlease.sim import failures, metrics, objects, tide, tiering, traces
+from flexlease.sim import demandtrace, failures, leasepolicy, metrics, objects, tide, tiering, traces
 from flexlease.sim.extender_client import ExtenderCallError, ExtenderClient
 from flexlease.sim.scenario import Policy, Scenario, assign_models
 from flexlease.store import graceful, semantics
@@ -160,6 +162,24 @@ class RunStats:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class DemandStats:
+    """How well the job's GPUs met its demand, per tick after the warm-up (seconds, GPU-seconds):
+    time and GPU-seconds below the demand (``ceil`` of the trace), GPU-seconds above it, and
+    GPU-seconds lent (tagged for the job)."""
+
+    seconds: float = 0.0
+    below_s: float = 0.0
+    below_gpu_s: float = 0.0
+    above_gpu_s: float = 0.0
+    held_gpu_s: float = 0.0
+    lent_gpu_s: float = 0.0
+    lends: int = 0
+    reclaims: int = 0
+    lent_by_policy: int = 0
+    reclaimed_by_policy: int = 0
+
+
 class Invariants:
     """What must hold at every step of a run, with a count of each violation (a run with any
     non-zero count fails). Keys:
@@ -247,7 +267,8 @@ class World:
 
     arrivals: tuple[traces.PodArrival, ...]
     lp_source: str
-    tide: tide.Demand
+    tide: demandtrace.DemandTrace
+    """The online job's demand: the tide with the scenario's noise and surprise peaks."""
     tide_source: str
     outages: dict[DeviceKey, tuple[failures.Interval, ...]]
     model: failures.FailureModel
@@ -356,6 +377,16 @@ class Simulation:
         self.policy_kind = tide.ScalePolicy()
         self.released: list[DeviceKey] = []
         self.reclaim_name: str | None = None
+        self.autopilot = scenario.autopilot != "off" and policy is Policy.ROR
+        """The lease autopilot sizes the job (its leases are followed) instead of the tide policy."""
+        self.demand = DemandStats()
+        self.job_pod_gpus = 1 if self.autopilot else scenario.gpus_per_node
+        """GPUs per pod of the job's unpinned pods: whole nodes under the tide policy (it lends
+        half the job, whole pods); one under the autopilot, whose Lends count single GPUs, so
+        that a Lend of N deletes pods of exactly N GPUs (the job as data-parallel workers of one
+        GPU each)."""
+        self._adopted: set[str] = set()
+        """The autopilot's GPULeases the job has followed (``<ns>/<name>``)."""
 
     # ------------------------------------------------------------------ setup
 
@@ -384,6 +415,11 @@ class Simulation:
             await self.store.create(Kind.GPUNODE, objects.gpunode(node, pool=pool))
             await self._patch_node_status(node, 0.0)
         await self._deploy_online_job()
+        if self.autopilot:
+            await self.store.create(
+                Kind.GPULEASEPOLICY, leasepolicy.policy_object(self.s.autopilot, self.s, owner=JOB_OWNER)
+            )
+            await self.settle()
 
     async def _patch_node_status(self, node: str, t: float) -> None:
         devices: dict[str, resources.DeviceStatus] = {}
@@ -414,7 +450,7 @@ class Simulation:
         """Create the job at t = 0 as pods of whole nodes that may go anywhere, and schedule
         them through the extender like any other job's: the placement is drawn, not picked,
         so the job starts near the cluster's HA share (the paper: 74 %)."""
-        for size in traces.split_pods(self.s.job_gpus, self.s.gpus_per_node):
+        for size in traces.split_pods(self.s.job_gpus, self.job_pod_gpus):
             await self._create_job_pod(size, 0.0, pinned=None, reclaim=False)
         await self.settle()
         await self._schedule_round(0.0)
@@ -934,6 +970,9 @@ class Simulation:
         says so (never with :attr:`Policy.STATIC`); each scale event restarts the job."""
         if self.policy is Policy.STATIC:
             return
+        if self.autopilot:
+            await self.follow_policy(t)
+            return
         target = tide.decide(self.size, self.world.tide.demand(t), self.policy_kind)
         if target is self.size:
             return
@@ -998,6 +1037,157 @@ class Simulation:
                 cycle.notes.append(f"Lend ended {cycle.lend_phase}: {status.get('message', '')}")
         await self.settle()
         self.observe()
+
+    # ------------------------------------------------------------------ autopilot mode
+
+    def _policy_leases(self) -> list[tuple[str, GPULease]]:
+        """The autopilot's GPULeases of the job not followed yet (label ``flexlease.io/policy``),
+        in the order it wrote them (its sequence label)."""
+        out: list[tuple[int, str, GPULease]] = []
+        for key, lease in self._lease_objs.items():
+            labels = lease.metadata.labels
+            if key in self._adopted or lease.spec.owner != JOB_OWNER or keys.LABEL_POLICY not in labels:
+                continue
+            raw = labels.get(keys.LABEL_POLICY_SEQUENCE, "")
+            out.append((int(raw) if raw.isdigit() else 0, key, lease))
+        return [(key, lease) for _, key, lease in sorted(out, key=lambda x: (x[0], x[1]))]
+
+    async def follow_policy(self, t: float) -> None:
+        """The job's controller under the autopilot: follow each GPULease the autopilot wrote
+        since the last tick, oldest first. A Lend of N (once the lease controller recorded the
+        GPUs the pods hold: its baseline) deletes the newest pods holding at least N GPUs and
+        keeps ``held - N``; a Reclaim of N raises the job's size by N and follows the Reclaim
+        as the tide policy's scale-up does (pinned pods on the returned GPUs). Each is one
+        restart of the job. A lease that Failed before the job acted is only noted."""
+        if self.reclaim_started is not None:
+            # an open Reclaim may wait for the job's pods with no deadline of the controller's
+            # to follow it at (its targets free): the job's controller looks every tick
+            await self._follow_reclaim(t)
+        await self.caught_up()
+        for key, lease in self._policy_leases():
+            name = key.split("/", 1)[1]
+            phase = lease.status.phase
+            if phase is LeasePhase.FAILED:
+                self._adopted.add(key)
+                self.stats.notes.append(f"autopilot GPULease {key} Failed: {lease.status.message}")
+                continue
+            if lease.spec.action is LeaseAction.LEND:
+                if keys.ANN_LEND_BASELINE not in lease.metadata.annotations and phase is not LeasePhase.DONE:
+                    return  # the lease controller has not recorded the baseline yet: next tick
+                self._adopted.add(key)
+                await self._lend_for_policy(name, lease.spec.count or 0, t)
+            else:
+                if self.reclaim_started is not None:
+                    return  # one Reclaim followed at a time (the autopilot writes one at a time too)
+                self._adopted.add(key)
+                await self._reclaim_for_policy(name, lease.spec.count or 0, t)
+
+    async def _lend_for_policy(self, name: str, count: int, t: float) -> None:
+        self.observe()
+        bound = sorted(
+            (p for p in self._job_pods() if p.node), key=lambda p: (p.created, p.seq), reverse=True
+        )
+        held = sum(p.gpus for p in bound)
+        count = min(count, held)
+        chosen: list[SimPod] = []
+        released = 0
+        for pod in bound:
+            if released >= count:
+                break
+            chosen.append(pod)
+            released += pod.gpus
+        self.job_target = held - count
+        self.size = tide.Scale.FULL if self.job_target >= self.s.job_gpus else tide.Scale.HALF
+        self._interrupt(t, reason=f"lend {count} GPUs ({name})")
+        self.demand.lends += 1
+        self.demand.lent_by_policy += count
+        for pod in self._job_pods():  # pending pods are dropped: the job shrinks
+            if pod.node is None:
+                await self._delete_pod(pod)
+        devices = [d for p in chosen for d in p.devices]
+        for pod in chosen:
+            await self._delete_pod(pod)
+        cycle = metrics.Cycle(down_at=t, released=count)
+        cycle.lend = f"{JOB_NAMESPACE}/{name}"
+        cycle.notes.append(f"autopilot Lend of {count}: released {len(devices)} GPUs in {len(chosen)} pods")
+        self.cycles.append(cycle)
+        self.released = devices
+        started = self.now()
+        final = await self._await_lease(name, self.s.lend_timeout)
+        cycle.lend_s = self.now() - started
+        cycle.lend_phase = _phase(final)
+        status = (final or {}).get("status") or {}
+        lent = status.get("lent") or []
+        cycle.lent_in_kind = sum(1 for d in lent if d.get("inKind"))
+        cycle.lent_tagged = len(lent) - cycle.lent_in_kind
+        cycle.lent_untagged = count - len(lent)
+        if cycle.lend_phase != LeasePhase.DONE.value:
+            cycle.notes.append(f"Lend ended {cycle.lend_phase}: {status.get('message', '')}")
+        await self._fill_job(t)  # what the pods released beyond the count: a smaller pod
+        await self.settle()
+        await self._schedule_round(t)
+        self.observe()
+
+    async def _reclaim_for_policy(self, name: str, count: int, t: float) -> None:
+        cycle = self.cycles[-1] if self.cycles and self.cycles[-1].up_at is None else metrics.Cycle(t, 0)
+        if cycle not in self.cycles:
+            self.cycles.append(cycle)
+        cycle.up_at = t
+        held = sum(len(p.devices) for p in self._job_pods())
+        self.job_target = max(self.job_target, min(self.s.job_gpus, held + count))
+        self.size = tide.Scale.FULL if self.job_target >= self.s.job_gpus else tide.Scale.HALF
+        self._interrupt(t, reason=f"reclaim {count} GPUs ({name})")
+        self.demand.reclaims += 1
+        self.demand.reclaimed_by_policy += count
+        self.observe()
+        for pod in self._job_pods():  # pending pods that take any GPU: pinned ones replace them
+            if pod.node is None and not pod.reclaim:
+                await self._delete_pod(pod)
+        cycle.reclaim = f"{JOB_NAMESPACE}/{name}"
+        self.reclaim_name = name
+        self.reclaim_started = t
+        await self._follow_reclaim(t)
+        await self._fill_job(t)
+        await self.settle()
+        await self._schedule_round(t)
+        self._note_back(cycle)
+        self.observe()
+
+    def account_demand(self, t: float) -> None:
+        """Add the tick ending at ``t`` to :attr:`demand` (after the warm-up): the job's GPUs
+        against the trace's demand at ``t``, and the GPUs tagged for it."""
+        if t <= self.s.warmup:
+            return
+        tick = self.s.tick
+        need = self.world.tide.needed(t)
+        have = len(self._job_devices())
+        d = self.demand
+        d.seconds += tick
+        d.held_gpu_s += have * tick
+        if have < need:
+            d.below_s += tick
+            d.below_gpu_s += (need - have) * tick
+        else:
+            d.above_gpu_s += (have - need) * tick
+        d.lent_gpu_s += sum(1 for owner in self._tags.values() if owner == JOB_OWNER) * tick
+
+    def demand_report(self) -> dict[str, Any]:
+        """The ``demand`` section: who sized the job and how well it met the trace's demand."""
+        d = self.demand
+        return {
+            "sizing": f"autopilot:{self.s.autopilot}" if self.autopilot else "tide policy (§4.4)",
+            "lead_time_s": self.s.autopilot_lead if self.autopilot else None,
+            "hours": round(d.seconds / 3600, 3),
+            "below_share": round(d.below_s / d.seconds, 6) if d.seconds else None,
+            "below_gpu_hours": round(d.below_gpu_s / 3600, 3),
+            "above_gpu_hours": round(d.above_gpu_s / 3600, 3),
+            "held_gpu_hours": round(d.held_gpu_s / 3600, 3),
+            "lent_gpu_hours": round(d.lent_gpu_s / 3600, 3),
+            "policy_lends": d.lends,
+            "policy_reclaims": d.reclaims,
+            "policy_lent_gpus": d.lent_by_policy,
+            "policy_reclaimed_gpus": d.reclaimed_by_policy,
+        }
 
     async def _await_lease(self, name: str, limit_s: float) -> JsonObj | None:
         """Settle, then step the clock through the extender's deadlines until the lease is
@@ -1165,13 +1355,23 @@ class Simulation:
     async def _pin_reclaim_pods(self, t: float) -> None:
         """Keep one pending reclaim pod per node, pinned there, sized to the job's free tagged
         GPUs there, never beyond the job's size (``job_target``)."""
-        wanted = {n: len(ix) for n, ix in (await self._owner_tags()).items()}
+        free = await self._owner_tags()
+        if self.autopilot:  # a Reclaim of the autopilot takes some loans back, not every one
+            targets = self._reclaim_targets()
+            free = {n: [i for i in ix if DeviceKey(n, i) in targets] for n, ix in free.items()}
+        wanted = {n: len(ix) for n, ix in free.items() if ix}
         for pod in [p for p in self._job_pods() if p.node is None and p.reclaim]:
             if pod.pinned is None or wanted.get(pod.pinned) != pod.gpus:
                 await self._delete_pod(pod)
             else:
                 wanted.pop(pod.pinned)
-        room = self.job_target - sum(p.gpus for p in self._job_pods())
+        pods = sum(p.gpus for p in self._job_pods())
+        room = self.job_target - pods + self._loans_held()
+        if self.autopilot:
+            # a target free beside a job at its size (a pod of it took another GPU of the
+            # node): the job takes the target too, up to its peak; the autopilot lends the
+            # surplus once the Reclaim is done
+            room = min(self.s.job_gpus - pods, max(room, sum(wanted.values())))
         for node, n in sorted(wanted.items()):
             for size in traces.split_pods(n, self.s.gpus_per_node):
                 if size > room:
@@ -1213,14 +1413,21 @@ class Simulation:
         GPUs tagged for it, room for what the open Reclaim still brings back, then unpinned
         pods of whole nodes for the remainder."""
         reserved = 0
-        if self.policy is Policy.ROR and self.size is tide.Scale.FULL:
+        if self._pins_reclaim_pods():
             await self._pin_reclaim_pods(t)
             reserved = self._reclaim_reserved()
         have = sum(p.gpus for p in self._job_pods())
         missing = self.job_target - have - reserved
         if missing > 0:
-            for size in traces.split_pods(missing, self.s.gpus_per_node):
+            for size in traces.split_pods(missing, self.job_pod_gpus):
                 await self._create_job_pod(size, t, pinned=None, reclaim=False)
+
+    def _pins_reclaim_pods(self) -> bool:
+        """Whether the job's controller pins pods to the GPUs tagged for it: under the tide
+        policy at full size with right-of-return, under the autopilot while a Reclaim is open."""
+        if self.autopilot:
+            return self.reclaim_started is not None
+        return self.policy is Policy.ROR and self.size is tide.Scale.FULL
 
     def _interrupt(self, t: float, *, reason: str) -> None:
         """The job restarts: in situ with right-of-return (the paper's pipeline), a full
@@ -1240,7 +1447,8 @@ class Simulation:
         if not self.cycles:
             return
         c = self.cycles[-1]
-        restored = sum(len(p.devices) for p in self._job_pods()) >= self.s.job_gpus
+        full = self.job_target if self.autopilot else self.s.job_gpus
+        restored = sum(len(p.devices) for p in self._job_pods()) >= full
         if c.up_at is not None and c.restored_at is None and restored:
             c.restored_at = t
             self._note_back(c)
@@ -1269,6 +1477,11 @@ class Simulation:
                 standby_in_use=sum(1 for d in self.held if d.node in standby),
                 lp_running_gpus=sum(p.gpus for p in self.pods.values() if not p.high and p.node),
                 static_ha_share=static_ha,
+                standby_idle=sum(
+                    1
+                    for k, g in self.gpus.items()
+                    if k.node in standby and g.healthy and k not in self.held and k not in self._tags
+                ),
             )
         )
 
@@ -1314,21 +1527,75 @@ class Simulation:
                 holders[d] = holder
                 if not high and d.node in standby_nodes:
                     inv.violated("lp_on_standby", f"t={t:g}: {_named(holder)} holds {d} on a standby node")
-        if self.policy is Policy.ROR and self.size is tide.Scale.FULL:
+        if self.autopilot and self.reclaim_started is not None:
+            self._check_job_takes_its_gpus(t, among=self._reclaim_targets(), substitutes=self._substitutes())
+        elif self.policy is Policy.ROR and self.size is tide.Scale.FULL:
             self._check_job_takes_its_gpus(t)
         self.observe()
 
-    def _check_job_takes_its_gpus(self, t: float) -> None:
+    def _substitutes(self) -> int:
+        """GPUs the open Reclaim's pinned pods hold that are not its targets. The lease controller
+        picks a count Reclaim's targets among the job's loans cheapest first; the extender binds
+        a reclaim pod to the owner's tagged GPUs of the lowest tier first. On a node with loans
+        besides the targets a pinned pod may take one of those: the job took a GPU of its own,
+        not an untagged one, and the next pinned pod goes for the target (:meth:`_pin_reclaim_pods`
+        makes room for it). Only the open Reclaim's pods count (created since it started)."""
+        if self.reclaim_started is None:
+            return 0
+        targets = self._reclaim_targets()
+        return sum(
+            1
+            for p in self._job_pods()
+            if p.reclaim and p.created >= self.reclaim_started
+            for d in p.devices
+            if d not in targets
+        )
+
+    def _loans_held(self) -> int:
+        """Under the autopilot, GPUs the job's pods hold that are still tagged for it and are
+        not the open Reclaim's targets: loans a pod of the job took on its own (a pod replacing
+        one lost to a GPU failure may take any GPU tagged for its owner). They do not count
+        against the job's size while a Reclaim waits for its targets, or the job would sit at
+        its size beside a target it never takes; the autopilot lends the surplus later."""
+        if not self.autopilot or self.reclaim_started is None:
+            return 0
+        targets = self._reclaim_targets()
+        return sum(1 for d in self._job_devices() if self._tags.get(d) == JOB_OWNER and d not in targets)
+
+    def _reclaim_targets(self) -> frozenset[DeviceKey]:
+        """The GPUs the open Reclaim of the autopilot takes back (its ``status.lent``, and the
+        standby replacements of those it supplemented): under the autopilot a Reclaim may take
+        fewer GPUs than are lent, and only these are what the job's pinned pods are for and
+        what must not sit idle beside a job at its size."""
+        if self.reclaim_name is None:
+            return frozenset()
+        lease = self._lease_objs.get(f"{JOB_NAMESPACE}/{self.reclaim_name}")
+        if lease is None:
+            return frozenset()
+        status = lease.status
+        return frozenset(d.key for d in status.lent) | {
+            s.replacement.key for s in status.supplemented_from_standby
+        }
+
+    def _check_job_takes_its_gpus(
+        self, t: float, *, among: frozenset[DeviceKey] | None = None, substitutes: int = 0
+    ) -> None:
         """At full size the job must hold the GPUs tagged for it: a healthy, free GPU tagged for
-        the job while it holds its full size means its pods took other GPUs instead."""
-        if sum(len(p.devices) for p in self._job_pods()) < self.job_target:
+        the job while it holds its full size means its pods took other GPUs instead. ``among``:
+        only these GPUs (the autopilot's open Reclaim's targets); ``substitutes``: that many
+        idle ones are excused (see :meth:`_substitutes`)."""
+        if sum(len(p.devices) for p in self._job_pods()) - self._loans_held() < self.job_target:
             return
         idle = [
             key
             for key, owner in self._tags.items()
-            if owner == JOB_OWNER and key not in self.held and key in self.gpus and self.gpus[key].healthy
+            if owner == JOB_OWNER
+            and key not in self.held
+            and key in self.gpus
+            and self.gpus[key].healthy
+            and (among is None or key in among)
         ]
-        if idle:
+        if len(idle) > substitutes:
             self.invariants.violated(
                 "job_full_beside_lent_gpus",
                 f"t={t:g}: the job holds its {self.job_target} GPUs while {len(idle)} GPUs tagged for it"
@@ -1404,7 +1671,17 @@ class Simulation:
             c.still_lent = rec.still_lent
             from_lend = lend.claimed_by.get(c.reclaim, 0)
             c.earlier_loans = rec.lent - from_lend - rec.carried_in
-            c.lost = max(0, lend.lent - lend.returned_early - from_lend) + (rec.lent - rec.resolved)
+            # under the autopilot, loans of its Lend its Reclaim left out (still out, or claimed
+            # since by a later one); the tide policy's Reclaims take every loan: none is left
+            c.left_on_loan = (
+                sum(1 for loan in self.audit.open_loans(JOB_OWNER) if loan.lease == c.lend)
+                + sum(n for name, n in lend.claimed_by.items() if name != c.reclaim)
+                if c.lend is not None and self.autopilot
+                else 0
+            )
+            c.lost = max(0, lend.lent - lend.returned_early - from_lend - c.left_on_loan) + (
+                rec.lent - rec.resolved
+            )
             if c.lost or c.balance():
                 self.invariants.violated(
                     "cycle_unaccounted",
@@ -1448,6 +1725,7 @@ class Simulation:
                     await self._schedule_round(t)
                 await self.check_restored(t)
                 await self.check_invariants(t, full=t % 3600 == 0)
+                self.account_demand(t)
                 if t % 3600 == 0:
                     self.sample(t)
                 if k % (ticks // 20 or 1) == 0:
@@ -1510,10 +1788,15 @@ class Simulation:
                 )[1],
             },
             "reclaim": metrics.cycle_summary(self.cycles),
+            "demand": self.demand_report(),
             "standby": {
                 "max_job_standby_gpus": max((x.job_standby_gpus for x in self.samples), default=0),
                 "max_standby_in_use": max((x.standby_in_use for x in self.samples), default=0),
                 "final_job_standby_gpus": self.samples[-1].job_standby_gpus if self.samples else 0,
+                "mode": s.standby_mode,
+                # hourly samples: each counts one hour of its idle standby GPUs
+                "idle_gpu_hours": sum(x.standby_idle for x in self.samples if x.t >= since),
+                "final_idle_gpus": self.samples[-1].standby_idle if self.samples else 0,
             },
             "scheduling": {
                 "cycles": self.stats.scheduling_cycles,
@@ -1631,7 +1914,17 @@ def build_world(scenario: Scenario) -> World:
                 model, node, i, seed=s.seed, start=-s.tier_window - traces.DAY, end=s.horizon + s.tick
             )
     gpu_models = assign_models(general_nodes(s), s.gpu_models) | assign_models(standby_nodes(s), s.gpu_models)
-    return World(tuple(arrivals), lp_source, the_tide, tide_source, outages, model, gpu_models, lp_phase)
+    demand = demandtrace.DemandTrace(
+        base=the_tide,
+        peak_gpus=s.job_gpus,
+        seed=s.seed,
+        horizon=s.horizon,
+        day_noise=s.demand_noise,
+        peaks_per_day=s.surprise_peaks,
+    )
+    if s.demand_noise or s.surprise_peaks:
+        tide_source += "; " + demand.describe()
+    return World(tuple(arrivals), lp_source, demand, tide_source, outages, model, gpu_models, lp_phase)
 
 
 CLOCKED_TRACES: Final = frozenset({"philly"})

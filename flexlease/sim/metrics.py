@@ -34,6 +34,8 @@ class Sample:
     standby_in_use: int
     lp_running_gpus: int
     static_ha_share: float
+    standby_idle: int = 0
+    """Standby-pool GPUs that are healthy, held by no pod and untagged: waiting for a Reclaim."""
 
     @property
     def job_ha_share(self) -> float | None:
@@ -55,6 +57,7 @@ OUTCOMES: Final = (
     "supplemented",
     "unrecoverable",
     "still_lent",
+    "left_on_loan",
     "lost",
 )
 """The :class:`Cycle` fields that count how lent GPUs ended, in the report's order: each lent
@@ -94,6 +97,10 @@ class Cycle:
     unrecoverable: int = 0
     unrecoverable_reasons: dict[str, int] = field(default_factory=dict)
     still_lent: int = 0
+    left_on_loan: int = 0
+    """Lent by its Lend, not claimed by its Reclaim and still out on loan when the cycle closed
+    (the autopilot reclaims what its plan needs, not every loan): a later Reclaim's earlier
+    loans. Always 0 with the tide policy, whose Reclaims take every loan."""
     lost: int = 0
     same_devices_back: int = 0
     lend_phase: str | None = None
@@ -246,6 +253,7 @@ def cycle_summary(cycles: Sequence[Cycle]) -> dict[str, Any]:
         "unrecoverable": sum(c.unrecoverable for c in done),
         "unrecoverable_reasons": dict(sorted(reasons.items())),
         "still_lent": sum(c.still_lent for c in done),
+        "left_on_loan": sum(c.left_on_loan for c in done),
         "lost": sum(c.lost for c in done),
         "same_devices_back": sum(c.same_devices_back for c in done),
         "restored_cycles": sum(1 for c in done if c.restored_at is not None),

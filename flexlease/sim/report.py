@@ -172,7 +172,8 @@ def table(report: dict[str, Any]) -> str:
             ),
         ),
         (
-            "lent GPUs back before the reclaim / same GPU / supplemented / unrecoverable / still lent / lost",
+            "lent GPUs back before the reclaim / same GPU / supplemented / unrecoverable / still lent"
+            " / left on loan / lost",
             lambda p: " / ".join(str(p["reclaim"].get(k, 0)) for k in OUTCOMES),
         ),
         (

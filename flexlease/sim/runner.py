@@ -5,8 +5,11 @@ uids and ``creationTimestamp`` s from the clock), its own
 :class:`~flexlease.clock.ManualClock` starting at :data:`flexlease.sim.driver.EPOCH`, and its
 own extender — the real app and lease controller, served on loopback HTTP in this process
 by ``extender.simhost`` on that clock (``flexlease`` may not import ``extender``, so the
-module is loaded by name, :data:`HOST_MODULE`). The policies share nothing but the inputs
-(:class:`flexlease.sim.driver.World`: the same LP arrivals, tide and GPU outages).
+module is loaded by name, :data:`HOST_MODULE`). With ``Scenario.autopilot`` the right-of-return
+policy's extender also runs the real lease autopilot, reading the demand trace through a
+:class:`flexlease.sim.demandtrace.TraceSource` on the same clock. The policies share nothing but
+the inputs (:class:`flexlease.sim.driver.World`: the same LP arrivals, demand trace and GPU
+outages).
 """
 
 from __future__ import annotations
@@ -30,9 +33,16 @@ import uvloop
 
 import flexlease.logging
 from flexlease.clock import ManualClock
-from flexlease.config import ExtenderSettings, LeaseSettings, Settings, StoreSettings
+from flexlease.config import (
+    AutopilotSettings,
+    ExtenderSettings,
+    LeaseSettings,
+    Settings,
+    StandbySettings,
+    StoreSettings,
+)
 from flexlease.logging import ctx
-from flexlease.sim import driver, failures, traces
+from flexlease.sim import demandtrace, driver, failures, traces
 from flexlease.sim.extender_client import ExtenderClient
 from flexlease.sim.scenario import Policy, Scenario
 from flexlease.store.base import Kind
@@ -62,7 +72,8 @@ class Hosted(Protocol):
     def paused(self) -> contextlib.AbstractAsyncContextManager[None]: ...
 
 
-HostFactory = Callable[[Settings, MemoryStore, ManualClock], contextlib.AbstractAsyncContextManager[Hosted]]
+HostFactory = Callable[..., contextlib.AbstractAsyncContextManager[Hosted]]
+"""``hosted(settings, store, clock)``, and ``metrics_source=`` when the autopilot runs."""
 
 
 def load_host() -> HostFactory:
@@ -77,7 +88,8 @@ def sim_settings(scenario: Scenario, policy: Policy = Policy.ROR) -> Settings:
     off per the scenario, keeping the standby pool at its initial size, resyncing hourly
     (every change is watched; the resync is only a safety net). Plain leasing runs the same
     app with ``extender.right_of_return`` off: tiers and ownership tags are not consulted,
-    as in the paper's baseline where GPUs are interchangeable."""
+    as in the paper's baseline where GPUs are interchangeable. The lease autopilot (when the
+    scenario has one) reconciles once per tick at the latest."""
     return Settings(
         log_level="WARNING",
         store=StoreSettings(kind="memory"),
@@ -87,7 +99,13 @@ def sim_settings(scenario: Scenario, policy: Policy = Policy.ROR) -> Settings:
             resync_seconds=3600.0,
             standby_pool_size=scenario.standby_pool_size,
             standby_wait_seconds=scenario.standby_wait,
+            standby=StandbySettings(
+                mode="adaptive" if scenario.standby_mode == "adaptive" else "fixed",
+                floor_gpus=scenario.standby_floor,
+                window_seconds=scenario.standby_window,
+            ),
         ),
+        autopilot=AutopilotSettings(resync_seconds=scenario.tick),
     )
 
 
@@ -119,9 +137,13 @@ async def run_policy(
         clock=clock, uids=uid_source(policy), history_revisions=HISTORY_REVISIONS, check_shared=check_shared
     )
     factory = host or load_host()
+    extra: dict[str, Any] = {}
+    if scenario.autopilot != "off" and policy is Policy.ROR:
+        # the autopilot's Prometheus: the demand trace at the simulation's clock
+        extra["metrics_source"] = demandtrace.TraceSource(world.tide, now=clock.now, origin=clock.now())
     try:
         async with (
-            factory(sim_settings(scenario, policy), store, clock) as ext,
+            factory(sim_settings(scenario, policy), store, clock, **extra) as ext,
             ExtenderClient(ext.url, connect=ext.connect) as client,
         ):
             sim = driver.Simulation(

@@ -19,6 +19,10 @@ to synthetic arrivals and says so in its report."""
 
 TIDE_KINDS: Final = ("fig2", "irregular")
 """The online job's demand curves (``Scenario.tide_kind``)."""
+AUTOPILOT_MODES: Final = ("off", "prometheus", "forecast", "schedule")
+"""Who sizes the online job (``Scenario.autopilot``): ``off`` — the hand-written tide policy
+(§4.4: half the GPUs lent below a threshold, all reclaimed above one); else the lease autopilot
+with a ``GPULeasePolicy`` of that demand source."""
 
 
 class Policy(enum.StrEnum):
@@ -67,7 +71,20 @@ class Scenario:
       it lists the GPU unrecoverable), ``lease_enabled`` (False runs the
       extender without its controller, to show that it is noticed), ``standby_refill``
       (the controller keeps the standby pool at its initial size, ``standby_nodes`` ×
-      ``gpus_per_node`` GPUs, moving whole free nodes into it; False leaves it as set up).
+      ``gpus_per_node`` GPUs, moving whole free nodes into it; False leaves it as set up),
+      ``standby_mode`` (``fixed``: that size; ``adaptive``: the controller's
+      ``lease.standby.mode: adaptive``, per model the p99 of the Done Reclaims' shortfalls
+      within ``standby_window`` + ``standby_floor``, starting from the ``standby_nodes`` set up);
+    * demand (:class:`flexlease.sim.demandtrace.DemandTrace`): the tide with day-to-day noise
+      ``demand_noise`` (standard deviation of a daily level around 1) and ``surprise_peaks`` per
+      day (both 0: the tide itself, as before issue #40);
+    * ``autopilot`` (right-of-return only): ``off`` (the hand-written tide policy) or the real
+      lease autopilot in the hosted extender with a ``GPULeasePolicy`` whose demand source is
+      ``prometheus`` (the demand now, with a reactive threshold fallback), ``forecast`` (the
+      seasonal model trained on the trace's 14 days before t = 0 and retrained daily) or
+      ``schedule`` (the Fig. 2 tide's hours as windows); ``autopilot_lead`` is its ``leadTime``
+      (seconds). The job then follows the autopilot's leases: a Lend of N releases N GPUs, a
+      Reclaim of N takes N back.
     """
 
     nodes: int = 64
@@ -100,7 +117,14 @@ class Scenario:
     standby_wait: float = 600.0
     lease_enabled: bool = True
     standby_refill: bool = True
+    standby_mode: str = "fixed"
+    standby_floor: int = 0
+    standby_window: float = 14 * DAY
     gpu_models: tuple[tuple[str, float], ...] = (("NVIDIA H20", 1.0),)
+    demand_noise: float = 0.0
+    surprise_peaks: float = 0.0
+    autopilot: str = "off"
+    autopilot_lead: int = 600
 
     def __post_init__(self) -> None:
         if self.nodes < 2 or self.gpus_per_node < 1 or self.standby_nodes < 0:
@@ -117,6 +141,16 @@ class Scenario:
             raise ValueError("gpu_models names a model twice")
         if self.tide_kind not in TIDE_KINDS:
             raise ValueError(f"tide must be one of {', '.join(TIDE_KINDS)}, not {self.tide_kind!r}")
+        if self.standby_mode not in ("fixed", "adaptive"):
+            raise ValueError(f"standby_mode must be fixed or adaptive, not {self.standby_mode!r}")
+        if self.standby_floor < 0 or self.standby_window <= 0:
+            raise ValueError("standby_floor must be >= 0 and standby_window positive")
+        if self.autopilot not in AUTOPILOT_MODES:
+            raise ValueError(f"autopilot must be one of {', '.join(AUTOPILOT_MODES)}, not {self.autopilot!r}")
+        if not 0 <= self.demand_noise <= 1 or self.surprise_peaks < 0:
+            raise ValueError("demand_noise must be within [0, 1] and surprise_peaks >= 0")
+        if not 0 <= self.autopilot_lead <= 86_400:
+            raise ValueError("autopilot_lead must be within [0, 86400] seconds")
         if self.standby_wait <= 0:
             raise ValueError("standby_wait must be positive")
         if not 0 < self.failure_scale <= 100:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final, Literal, TypeVar
 
-from flexlease.clock import format_time
+from flexlease.clock import Clock, format_time
 from flexlease.errors import Conflict, NotFound, StoreError
 from flexlease.logging import ctx
 from flexlease.store.base import JsonObj, Kind, Store
@@ -124,7 +124,9 @@ class EventRecorder:
     node name). An Event goes in the involved object's namespace (``default`` for
     cluster-scoped objects such as GPUNodes). A repeat of the same (object, type, reason,
     message) within ``aggregate_seconds`` bumps ``count`` and ``lastTimestamp`` of the
-    existing Event instead of creating one (client-go's EventCorrelator).
+    existing Event instead of creating one (client-go's EventCorrelator). ``clock``: where the
+    timestamps and the aggregation window's time come from (default: the system's; a
+    simulation passes its virtual clock so that its Events do not depend on wall time).
 
     Events are best-effort by Kubernetes' design: a name clash is retried once under a new
     name; any other failed write is reported as a warning log line, never raised.
@@ -137,12 +139,17 @@ class EventRecorder:
         component: str,
         instance: str = "",
         aggregate_seconds: float = 600.0,
+        clock: Clock | None = None,
     ) -> None:
+        self._clock = clock
         self._store = store
         self._component = component
         self._instance = instance
         self._aggregate = aggregate_seconds
         self._seen: OrderedDict[tuple[str, ...], tuple[str, str, int, float]] = OrderedDict()
+
+    def _utc(self) -> datetime:
+        return self._clock.now_utc() if self._clock is not None else datetime.now(UTC)
 
     async def record(
         self,
@@ -171,7 +178,7 @@ class EventRecorder:
             reason,
             message,
         )
-        now = time.monotonic()
+        now = self._clock.now() if self._clock is not None else time.monotonic()
         cached = self._seen.get(key)
         try:
             if cached is not None and now - cached[3] < self._aggregate:
@@ -180,7 +187,7 @@ class EventRecorder:
                     event = await self._store.patch(
                         Kind.EVENT,
                         name,
-                        {"count": count + 1, "lastTimestamp": format_time(datetime.now(UTC))},
+                        {"count": count + 1, "lastTimestamp": format_time(self._utc())},
                         namespace=ns,
                     )
                     self._remember(key, name, ns, count + 1, now)
@@ -222,7 +229,7 @@ class EventRecorder:
         for src, dst in (("namespace", "namespace"), ("uid", "uid"), ("resourceVersion", "resourceVersion")):
             if meta.get(src):
                 ref[dst] = meta[src]
-        stamp = format_time(datetime.now(UTC))
+        stamp = format_time(self._utc())
         event: JsonObj = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -75,6 +75,9 @@ def type_name(annotation: Any) -> str:
         item = type_name(args[0]) if args else "value"
         kind = "set" if origin in (frozenset, set) else "list"
         return f"{kind} of {_plural(item)}"
+    if origin is dict:
+        key, value = (type_name(a) for a in args) if args else ("key", "value")
+        return f"map of {_plural(key)} to {_plural(value)}"
     if annotation in _TYPE_NAMES:
         return _TYPE_NAMES[annotation]
     raise ValueError(f"no words for the setting type {annotation!r}: add it to hack/docgen/settings.py")
@@ -133,14 +136,24 @@ def groups(root: type[BaseSettings]) -> list[Group]:
     for name, info in root.model_fields.items():
         if _is_group(info):
             model = typing.cast("type[BaseModel]", info.annotation)
-            rows = tuple(
-                _setting(f"{name}.{key}", f"{prefix}{name}{delimiter}{key}".upper(), sub)
-                for key, sub in model.model_fields.items()
-            )
+            rows = tuple(_rows(model, name, f"{prefix}{name}", delimiter))
             nested.append(Group(name, prose(model.__doc__ or ""), rows))
         else:
             own.append(_setting(name, f"{prefix}{name}".upper(), info))
     return [Group("", "", tuple(own)), *nested]
+
+
+def _rows(model: type[BaseModel], path: str, env: str, delimiter: str) -> list[Setting]:
+    """The settings of ``model`` at ``path``, a sub-group's (e.g. ``lease.standby``) flattened
+    in place, each with its dotted path and environment variable."""
+    rows: list[Setting] = []
+    for key, info in model.model_fields.items():
+        if _is_group(info):
+            sub = typing.cast("type[BaseModel]", info.annotation)
+            rows.extend(_rows(sub, f"{path}.{key}", f"{env}{delimiter}{key}", delimiter))
+        else:
+            rows.append(_setting(f"{path}.{key}", f"{env}{delimiter}{key}".upper(), info))
+    return rows
 
 
 def _setting(path: str, env: str, info: FieldInfo) -> Setting:

@@ -15,8 +15,11 @@ from extender import simhost
 from flexlease.api.resources import LeaseAction, Pool
 from flexlease.clock import ManualClock
 from flexlease.config import LeaseSettings, Settings, StoreSettings
-from flexlease.sim import objects
+from flexlease.sim import leasepolicy, objects
+from flexlease.sim.demandtrace import DemandTrace, TraceSource
 from flexlease.sim.http1 import Http1Client, HttpError
+from flexlease.sim.scenario import Scenario
+from flexlease.sim.tide import Tide
 from flexlease.store.base import Kind
 from flexlease.store.memory import MemoryStore
 
@@ -91,3 +94,37 @@ async def test_connect_reaches_the_same_server_as_the_loopback_url() -> None:
             await Http1Client(host.url, connect=host.connect).request("GET", "/readyz", limit_s=5)
     finally:
         await store.close()
+
+
+async def test_with_a_metrics_source_the_real_autopilot_runs_on_the_virtual_clock() -> None:
+    """``metrics_source``: the lease autopilot runs in the hosted extender, reads its demand from
+    that source at the manual clock's time, and the settle waits for it; without one it does
+    not run (the policy is never reconciled)."""
+    scenario = Scenario(nodes=4, autopilot="prometheus")
+    settings = Settings(store=StoreSettings(kind="memory"), lease=LeaseSettings(resync_seconds=3600))
+    policy = leasepolicy.policy_object("prometheus", scenario, owner="online/trainer")
+    for with_source in (True, False):
+        clock = ManualClock(1_800_000_000.0)
+        store = MemoryStore(clock=clock)
+        trace = DemandTrace(base=Tide(), peak_gpus=scenario.job_gpus, seed=1, horizon=86400.0)
+        source = TraceSource(trace, now=clock.now, origin=clock.now())
+        try:
+            async with simhost.hosted(
+                settings, store, clock, metrics_source=source if with_source else None
+            ) as host:
+                await store.create(Kind.GPULEASEPOLICY, policy)
+                await host.settle()
+                status = (await store.get(Kind.GPULEASEPOLICY, "trainer", namespace="online")).get("status")
+                if not with_source:
+                    assert not status and source.instant_queries == 0
+                    continue
+                assert status and status["demand"]["source"] == "prometheus"
+                assert status["demand"]["gpus"] == trace.needed(0.0)
+                assert source.instant_queries == 1
+                clock.jump(clock.now() + 6 * 3600.0)  # the autopilot's resync is on this clock
+                await host.settle()
+                status = (await store.get(Kind.GPULEASEPOLICY, "trainer", namespace="online"))["status"]
+                assert status["demand"]["gpus"] == trace.needed(6 * 3600.0)
+                assert status["demand"]["observedAt"].startswith("2027-01-15T14:00")
+        finally:
+            await store.close()

@@ -114,12 +114,12 @@ async def test_supplement_events_are_counted_per_reclaim() -> None:
         await store.close()
 
 
-def _lease(name: str, action: str, minute: int, **status: object) -> GPULease:
+def _lease(name: str, action: str, minute: int, *, count: int = 2, **status: object) -> GPULease:
     spec: dict[str, object] = {"owner": driver.JOB_OWNER, "action": action}
     if action == "Lend":
         spec["devices"] = [{"node": "gpu-000", "index": 0}]
     else:
-        spec["count"] = 2
+        spec["count"] = count
     return GPULease.model_validate(
         {
             "metadata": {
@@ -137,10 +137,10 @@ def _record(d: DeviceKey) -> dict[str, object]:
     return {"node": d.node, "index": d.index, "model": "NVIDIA H20", "tier": "HA"}
 
 
-def _holding_sim(devices: tuple[DeviceKey, ...]) -> driver.Simulation:
+def _holding_sim(devices: tuple[DeviceKey, ...], *, autopilot: str = "off") -> driver.Simulation:
     """A simulation (no extender) whose job holds ``devices`` and whose store watches have
     delivered every node (so the audit checks tags there)."""
-    scenario = Scenario(nodes=2, standby_nodes=1, days=1)
+    scenario = Scenario(nodes=2, standby_nodes=1, days=1, autopilot=autopilot)
     sim = driver.Simulation(
         scenario,
         Policy.ROR,
@@ -213,3 +213,27 @@ def test_a_scale_up_that_leaves_lent_gpus_out_fails_the_run() -> None:
     assert cycle.closed and not cycle.complete and cycle.lost == 1
     counts = sim.invariants.counts
     assert counts["reclaim_skipped_lent_gpus"] == 1 and counts["cycle_unaccounted"] == 1
+
+
+def test_under_the_autopilot_a_reclaim_may_leave_loans_out_and_they_are_accounted() -> None:
+    """A Reclaim of the autopilot takes 1 of the 2 GPUs its cycle's Lend lent (the plan needs
+    one more): the other stays out on loan, tagged for the job — ``left_on_loan``, not lost."""
+    a, b = DeviceKey("gpu-000", 0), DeviceKey("gpu-000", 1)
+    sim = _holding_sim((a,), autopilot="prometheus")
+    assert sim.autopilot and sim.job_pod_gpus == 1
+    sim._tags = {b: driver.JOB_OWNER}
+    sim._lease_objs = {
+        "online/lend-0001": _lease("lend-0001", "Lend", 0, phase="Done", lent=[_record(a), _record(b)]),
+        "online/reclaim-0001": _lease(
+            "reclaim-0001", "Reclaim", 10, count=1, phase="Done", lent=[_record(a)]
+        ),
+    }
+    cycle = driver.metrics.Cycle(
+        down_at=0.0, released=2, up_at=600.0, lend="online/lend-0001", reclaim="online/reclaim-0001"
+    )
+    cycle.lent_tagged = 2
+    sim.cycles.append(cycle)
+    sim.observe()
+    assert cycle.closed and cycle.complete
+    assert (cycle.reclaimed_same, cycle.left_on_loan, cycle.lost, cycle.balance()) == (1, 1, 0, 0)
+    assert sim.invariants.total == 0, sim.invariants.as_dict()

@@ -108,8 +108,8 @@ def test_table_has_a_column_per_policy_and_reports_errors() -> None:
     assert lines[0] == "| | right-of-return | plain leasing |"
     assert "| HA share of the job at start | 87.5 % | error |" in lines
     assert (
-        "| lent GPUs back before the reclaim / same GPU / supplemented / unrecoverable / still lent / lost"
-        " | 0 / 11 / 1 / 0 / 0 / 0 | error |"
+        "| lent GPUs back before the reclaim / same GPU / supplemented / unrecoverable / still lent"
+        " / left on loan / lost | 0 / 11 / 1 / 0 / 0 / 0 / 0 | error |"
     ) in lines
     assert "| scale-up cycles (complete / closed / all) | 3 / 3 / 3 | error |" in lines
     assert lines[-1] == "ERROR plain: extender did not listen"

@@ -152,3 +152,79 @@ async def test_stress_tides_keep_right_of_return_at_the_edges(tmp_path: Path) ->
     assert totals["lent_in_kind"] > 0 and totals["supplemented"] > 0
     assert totals["still_lent"] > 0 and totals["carried_in"] > 0 and totals["unrecoverable"] > 0
     assert totals["lost"] == 0 and totals["closed_cycles"] >= totals["cycles"] - 2
+
+
+async def test_the_adaptive_standby_pool_sizes_itself_from_the_reclaims_shortfalls(tmp_path: Path) -> None:
+    """``lease.standby.mode: adaptive`` in the hosted extender: with no Reclaim history the pool
+    starts at its floor (0), so the two standby nodes set up go back to general and a Reclaim
+    finds no standby GPU (a lent GPU unrecoverable); that shortfall makes the target > 0 and a
+    node joins the pool again. Right-of-return's invariants hold throughout."""
+    scenario = _scenario(
+        tmp_path,
+        nodes=6,
+        standby_nodes=2,
+        days=2.0,
+        seed=1,
+        tide_kind="irregular",
+        failure_scale=6.0,
+        standby_mode="adaptive",
+    )
+    report, _ = await runner.run_all(scenario, [Policy.ROR], tmp_path / "out", keep_state=True)
+    section = report["policies"]["ror"]
+    assert "error" not in section and section["invariants"]["total"] == 0, section["invariants"]
+    standby, reclaim = section["standby"], section["reclaim"]
+    assert standby["mode"] == "adaptive"
+    hours = (scenario.horizon - scenario.warmup) / 3600
+    assert standby["idle_gpu_hours"] < 16 * hours / 2  # the fixed pool keeps 16 GPUs idle all along
+    assert reclaim["unrecoverable"] + reclaim["supplemented"] > 0
+    assert standby["final_idle_gpus"] > 0  # grown back after the shortfall
+    state = json.loads((tmp_path / "out" / "ror" / "state.json").read_text())
+    moves = [e["message"] for e in state["Event"] if e["reason"] == "StandbyPool"]
+    assert any("left the standby pool" in m for m in moves)
+    assert any("joined the standby pool" in m and "Reclaim shortfall" in m for m in moves)
+
+
+async def test_the_real_autopilot_sizes_the_job_and_the_job_follows_its_leases(tmp_path: Path) -> None:
+    """``--autopilot prometheus`` (issue #40): the hosted extender runs the real lease autopilot,
+    reading the demand trace (tide + noise + surprise peaks) through the simulation's metrics
+    source. Every GPULease is the autopilot's (labelled with its policy; the tide policy wrote
+    none), each Lend of N released exactly N GPUs of the job and each Reclaim of N raised its
+    size by N, right-of-return's invariants hold at every step, and the same seed gives the
+    same report, byte for byte."""
+    scenario = _scenario(
+        tmp_path, days=1.5, autopilot="prometheus", demand_noise=0.1, surprise_peaks=1.0, seed=4
+    )
+    report, _ = await runner.run_all(scenario, [Policy.ROR], tmp_path / "out", keep_state=True)
+    section = report["policies"]["ror"]
+    assert "error" not in section, section.get("error")
+    assert section["invariants"]["total"] == 0, section["invariants"]
+    assert section["invariants"]["checks"] > 200
+    demand = section["demand"]
+    assert demand["sizing"] == "autopilot:prometheus"
+    assert demand["policy_lends"] > 0 and demand["policy_reclaims"] > 0, demand
+    assert demand["lent_gpu_hours"] > 0 and demand["held_gpu_hours"] < scenario.job_gpus * demand["hours"]
+
+    state = json.loads((tmp_path / "out" / "ror" / "state.json").read_text())
+    leases = state["GPULease"]
+    assert leases and all(
+        lease["metadata"]["labels"]["flexlease.io/policy"] == "trainer" for lease in leases
+    ), "every lease is the autopilot's"
+    counts = {
+        f"online/{lease['metadata']['name']}": (lease["spec"]["action"], lease["spec"]["count"])
+        for lease in leases
+    }
+    lends = [c for c in section["cycles"] if c["lend"] is not None]
+    assert lends and all(c["released"] == counts[c["lend"]][1] for c in lends)
+    assert sum(n for action, n in counts.values() if action == "Lend") >= demand["policy_lent_gpus"]
+    reclaims = [c for c in section["cycles"] if c["reclaim"] is not None]
+    assert reclaims and all(counts[c["reclaim"]][0] == "Reclaim" for c in reclaims)
+    assert sum(n for a, n in counts.values() if a == "Reclaim") >= demand["policy_reclaimed_gpus"] > 0
+    assert section["reclaim"]["lost"] == 0
+    policy = state["GPULeasePolicy"][0]
+    assert policy["status"]["demand"]["source"] in ("prometheus", "fallback")
+
+    again, _ = await runner.run_all(scenario, [Policy.ROR], tmp_path / "again")
+    assert json.dumps(again, sort_keys=True) == json.dumps(
+        {**report, "policies": {"ror": {k: v for k, v in section.items() if k != "state_file"}}},
+        sort_keys=True,
+    )

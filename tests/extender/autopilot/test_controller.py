@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from extender.autopilot.controller import AutopilotController, in_flight, policy_key
+from extender.autopilot.controller import AutopilotController, created_within_second, in_flight, policy_key
 from extender.lease.controller import LeaseController
 from flexlease.api import keys
 from flexlease.api.policy import DecisionAction, GPULeasePolicy
@@ -364,3 +364,32 @@ async def test_invalid_policies_are_reported_not_acted_on(store: FaultyStore) ->
     assert event["type"] == "Warning"
     assert "spec.owner other/rec is not in the policy's namespace online" in event["message"]
     assert await leases(store) == {}
+
+
+def test_a_cancelled_lease_is_not_in_flight_and_no_lease_follows_within_its_second() -> None:
+    """Found by the simulator (issue #40): a Reclaim finished at once, the autopilot wrote a
+    Lend in the same second, the lease controller ordered the two by name and Cancelled the
+    Lend as superseded — and the autopilot, counting Cancelled as in flight, held for ever.
+    Cancelled is final, and the next lease waits for the next second."""
+    now = datetime(2026, 6, 1, 3, tzinfo=UTC)
+
+    def obj(name: str, phase: str | None, created: datetime) -> dict[str, Any]:
+        out = lease(name, "Lend", count=1)
+        out["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if phase is not None:
+            out["status"] = {"phase": phase}
+        return out
+
+    earlier = datetime(2026, 6, 1, 2, 59, 59, tzinfo=UTC)
+    leases_ = [obj("a", "Cancelled", earlier), obj("b", "Done", earlier), obj("c", "Failed", earlier)]
+    assert in_flight(leases_, OWNER) == []
+    assert in_flight([*leases_, obj("d", "InProgress", earlier), obj("e", None, earlier)], OWNER) == [
+        "d",
+        "e",
+    ]
+    assert not created_within_second(leases_, OWNER, now.timestamp() + 0.5)
+    recent = [*leases_, obj("f", "Done", now)]
+    assert created_within_second(recent, OWNER, now.timestamp() + 0.5)
+    assert not created_within_second(recent, "other/job", now.timestamp())
+    assert not created_within_second(recent, OWNER, now.timestamp() + 1.0)
+    assert not created_within_second(recent, OWNER, now.timestamp() - 5.0)  # a clock behind the server's

@@ -27,8 +27,8 @@ from extender.lease.ledger import owner_ledger
 from extender.lease.view import parse_time, read_holder
 from flexlease.api import keys
 from flexlease.api.resources import DeviceKey, parse_gpulease
-from flexlease.clock import ManualClock
-from flexlease.config import LeaseSettings, OrchestratorSettings, Settings
+from flexlease.clock import ManualClock, format_time
+from flexlease.config import LeaseSettings, OrchestratorSettings, Settings, StandbySettings
 from flexlease.errors import ProfileError
 from flexlease.rightofreturn import Audit
 from flexlease.store.base import Kind, Store
@@ -446,6 +446,82 @@ async def test_standby_pool_is_kept_at_its_size_with_whole_free_nodes(
             )
         )
         assert "StandbyPool" in reasons(await events(store), "GPUNode")
+
+
+async def add_done_reclaim(
+    store: Store, name: str, *, at: datetime, lent: list[tuple[str, int]], short: list[tuple[str, int]]
+) -> None:
+    """A Reclaim as the lease controller leaves it Done: ``lent`` targets, ``short`` of them
+    replaced from the standby pool, the ``Returned`` condition at ``at``."""
+    await add_lease(store, lease(name, "Reclaim", count=len(lent)))
+
+    def dev(node: str, index: int) -> dict[str, Any]:
+        return {"node": node, "index": index, "model": "NVIDIA H20", "tier": "HA"}
+
+    status = {
+        "phase": "Done",
+        "lent": [dev(n, i) for n, i in lent],
+        "reclaimed": [dev(n, i) for n, i in lent if (n, i) not in short],
+        "supplementedFromStandby": [
+            {"original": dev(n, i), "replacement": dev("gone", k), "returned": True}
+            for k, (n, i) in enumerate(short)
+        ],
+        "conditions": [
+            {
+                "type": "Returned",
+                "status": "True",
+                "reason": "Returned",
+                "lastTransitionTime": format_time(at),
+            }
+        ],
+    }
+    await store.patch(Kind.GPULEASE, name, {"status": status}, namespace="online", subresource="status")
+
+
+async def test_adaptive_standby_pool_follows_the_done_reclaims_shortfalls(
+    store: MemoryStore, clock: ManualClock
+) -> None:
+    day = 86400.0
+    await add_node(store, gpunode("h-ma", "MA", count=4))
+    await add_node(store, gpunode("h-ha", "HA", count=4))
+    await add_node(store, gpunode("a", "HA", model=A100, count=4))
+    lent = [("old", i) for i in range(4)]
+    await add_done_reclaim(store, "r1", at=clock.now_utc() - timedelta(hours=1), lent=lent, short=lent[:3])
+    await add_done_reclaim(store, "r2", at=clock.now_utc() - timedelta(hours=2), lent=lent, short=[])
+    adaptive = StandbySettings(mode="adaptive", window_seconds=7 * day, hold_seconds=day)
+    # the fixed size is not used; resync twice a day (the clock jumps days ahead)
+    settings = make_settings(standby=adaptive, standby_pool_size=100, resync_seconds=day / 2)
+
+    async def pool_of(node: str) -> str:
+        return str((await store.get(Kind.GPUNODE, node))["spec"]["pool"])
+
+    target = {"model": "NVIDIA H20"}
+    async with running(store, clock, settings) as (_, registry):
+        await eventually(lambda: _has_pool(store, "h-ha", "standby"))
+        assert await pool_of("h-ma") == "general" and await pool_of("a") == "general"
+        await eventually(lambda: _true(sample(registry, "flexlease_lease_standby_target_gpus", target) == 3))
+        assert sample(registry, "flexlease_lease_standby_shortfall_gpus", target) == 3
+        assert sample(registry, "flexlease_lease_standby_target_gpus", {"model": A100}) == 0
+        pool_events = [e["message"] for e in await events(store) if e["reason"] == "StandbyPool"]
+        assert pool_events == [
+            "node joined the standby pool with 4 spare GPUs (target NVIDIA H20: p99 of 2 Reclaim shortfall(s)"
+            " in 7d = 3 GPU(s) (largest 3) + floor 0 = 3)"
+        ]
+    # a restarted controller derives the same target from the same leases: nothing moves
+    async with running(store, clock, settings) as (controller, registry):
+        await eventually(lambda: _true(sample(registry, "flexlease_lease_standby_target_gpus", target) == 3))
+        assert controller.idle and await pool_of("h-ha") == "standby" and await pool_of("h-ma") == "general"
+        # past the window the target is 0, but the hold keeps the node for another day
+        await clock.advance(7 * day + 60)
+        await eventually(lambda: _true(sample(registry, "flexlease_lease_standby_target_gpus", target) == 0))
+        assert await pool_of("h-ha") == "standby"
+        await clock.advance(day)
+        await eventually(lambda: _has_pool(store, "h-ha", "general"))
+    assert len([e for e in await events(store) if e["reason"] == "StandbyPool"]) == 2
+
+
+async def _has_pool(store: Store, node: str, pool: str) -> bool:
+    return bool((await store.get(Kind.GPUNODE, node))["spec"]["pool"] == pool)
 
 
 async def test_lend_and_reclaim_on_sqlite(tmp_path: Path, clock: ManualClock) -> None:
