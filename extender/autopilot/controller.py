@@ -88,7 +88,7 @@ from flexlease.logging import ctx
 from flexlease.store.base import EventType as WatchType
 from flexlease.store.base import JsonObj, Kind, Store
 from flexlease.store.kube_util import EventRecorder
-from flexlease.store.leader import ElectionConfig, LeaderElector
+from flexlease.store.leader import LeaderElector, run_leader_only
 
 log = logging.getLogger(__name__)
 
@@ -657,18 +657,9 @@ async def serve(
 ) -> None:
     """Run ``controller`` until cancelled; with ``settings.lease.leader_election`` only while
     this replica leads (sharing ``elector`` when given, else running its own)."""
-    if not settings.lease.leader_election:
-        await controller.run()
-        return
-    if elector is not None:
-        await elector.while_leading(controller.run, name="autopilot-term")
-        return
-    elector = LeaderElector(store, ElectionConfig.from_settings(settings.lease, identity=instance))
-    async with asyncio.TaskGroup() as group:
-        group.create_task(elector.run(), name="autopilot-leader-election")
-        group.create_task(
-            elector.while_leading(controller.run, name="autopilot-term"), name="autopilot-leading"
-        )
+    await run_leader_only(
+        controller.run, settings.lease, store=store, instance=instance, name="autopilot", elector=elector
+    )
 
 
 AUTOPILOT: Final = web.AppKey("autopilot", AutopilotController)
