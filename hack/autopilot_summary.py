@@ -15,16 +15,12 @@ violations. A run with an error is refused (exit status 1); violations are shown
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Final
 
-from hack.standby_summary import cell, policy_of
+from hack.standby_summary import Groups, Metric, policy_of, rows, run
 
-Metric = Callable[[dict[str, Any]], float | None]
 PEAK: Final = "_peak_gpus"
 """Where :func:`table` puts the job's peak allocation (``scenario.job_gpus``) in a section."""
 
@@ -54,43 +50,22 @@ COLUMNS: Final[list[tuple[str, Metric, str]]] = [
 ]
 
 
-def table(groups: Sequence[tuple[str, list[dict[str, Any]]]]) -> str:
+def _section(report: dict[str, Any]) -> dict[str, Any]:
+    """The report's ``ror`` section with the job's peak under :data:`PEAK`. Raises
+    ``ValueError`` for a report without the ``demand`` section (a simulator before issue #40)."""
+    section = {**policy_of(report), PEAK: report["scenario"]["job_gpus"]}
+    if "demand" not in section:
+        raise ValueError("a report without the demand section (simulator before issue #40)")
+    return section
+
+
+def table(groups: Groups) -> str:
     """The Markdown table: one row per (label, reports of its seeds)."""
-    head = ["sizing", "runs", *(name for name, _, _ in COLUMNS), "invariant violations / checks"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, reports in groups:
-        sections = [{**policy_of(r), PEAK: r["scenario"]["job_gpus"]} for r in reports]
-        for s in sections:
-            if "demand" not in s:
-                raise ValueError("a report without the demand section (simulator before issue #40)")
-        cells = [cell([metric(s) for s in sections], kind) for _, metric, kind in COLUMNS]
-        violations = sum(int(s["invariants"]["total"]) for s in sections)
-        checks = sum(int(s["invariants"]["checks"]) for s in sections)
-        row = [label, str(len(sections)), *cells, f"{violations} / {checks}"]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+    return rows(groups, COLUMNS, first="sizing", section=_section)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("group", nargs="+", help="LABEL=REPORT[,REPORT...]")
-    args = parser.parse_args(argv)
-    groups: list[tuple[str, list[dict[str, Any]]]] = []
-    for spec in args.group:
-        label, sep, paths = spec.partition("=")
-        if not sep or not paths:
-            parser.error(f"expected LABEL=REPORT[,REPORT...], got {spec!r}")
-        try:
-            groups.append((label, [json.loads(Path(p).read_text()) for p in paths.split(",")]))
-        except OSError as exc:
-            print(f"autopilot_summary: {exc}", file=sys.stderr)
-            return 1
-    try:
-        print(table(groups))
-    except (ValueError, KeyError) as exc:
-        print(f"autopilot_summary: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run(argv, prog="autopilot_summary", doc=__doc__ or "", render=table)
 
 
 if __name__ == "__main__":

@@ -72,13 +72,26 @@ def policy_of(report: dict[str, Any]) -> dict[str, Any]:
     return dict(section)
 
 
-def table(groups: Sequence[tuple[str, list[dict[str, Any]]]]) -> str:
-    """The Markdown table: one row per (label, reports of its seeds)."""
-    head = ["standby pool", "runs", *(name for name, _, _ in COLUMNS), "invariant violations / checks"]
+Groups = Sequence[tuple[str, list[dict[str, Any]]]]
+"""(label, the reports of its seeds) per row."""
+
+
+def rows(
+    groups: Groups,
+    columns: Sequence[tuple[str, Metric, str]],
+    *,
+    first: str,
+    section: Callable[[dict[str, Any]], dict[str, Any]] = policy_of,
+) -> str:
+    """A Markdown table, one row per group: ``first`` heads the label column, then the number
+    of runs, each column's :func:`cell` over ``section(report)`` of the group's reports, and the
+    invariant violations / checks summed over them. Raises ``ValueError`` or ``KeyError`` for a
+    report without what a column reads."""
+    head = [first, "runs", *(name for name, _, _ in columns), "invariant violations / checks"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, reports in groups:
-        sections = [policy_of(r) for r in reports]
-        cells = [cell([metric(s) for s in sections], kind) for _, metric, kind in COLUMNS]
+        sections = [section(r) for r in reports]
+        cells = [cell([metric(s) for s in sections], kind) for _, metric, kind in columns]
         violations = sum(int(s["invariants"]["total"]) for s in sections)
         checks = sum(int(s["invariants"]["checks"]) for s in sections)
         row = [label, str(len(sections)), *cells, f"{violations} / {checks}"]
@@ -86,8 +99,16 @@ def table(groups: Sequence[tuple[str, list[dict[str, Any]]]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def table(groups: Groups) -> str:
+    """The Markdown table: one row per (label, reports of its seeds)."""
+    return rows(groups, COLUMNS, first="standby pool")
+
+
+def run(argv: Sequence[str] | None, *, prog: str, doc: str, render: Callable[[Groups], str]) -> int:
+    """The command line of a summary script: ``LABEL=REPORT[,REPORT...]`` arguments, the
+    table ``render`` makes of them printed; exit status 1 (with ``prog``'s message on stderr)
+    when a report cannot be read or ``render`` refuses it, 2 (argparse) for bad arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n", maxsplit=1)[0])
     parser.add_argument("group", nargs="+", help="LABEL=REPORT[,REPORT...]")
     args = parser.parse_args(argv)
     groups: list[tuple[str, list[dict[str, Any]]]] = []
@@ -95,13 +116,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         label, sep, paths = spec.partition("=")
         if not sep or not paths:
             parser.error(f"expected LABEL=REPORT[,REPORT...], got {spec!r}")
-        groups.append((label, [json.loads(Path(p).read_text()) for p in paths.split(",")]))
+        try:
+            groups.append((label, [json.loads(Path(p).read_text()) for p in paths.split(",")]))
+        except OSError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 1
     try:
-        print(table(groups))
+        print(render(groups))
     except (ValueError, KeyError) as exc:
-        print(f"standby_summary: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(argv, prog="standby_summary", doc=__doc__ or "", render=table)
 
 
 if __name__ == "__main__":
