@@ -533,6 +533,21 @@ class Simulation:
         )
         return await self._create_pod(obj, t=t, gpus=gpus, high=True, reclaim=reclaim, pinned=pinned)
 
+    def _newest_holding(self, gpus: int) -> tuple[list[SimPod], list[SimPod]]:
+        """The job's bound pods, newest first, and the newest of them that together hold at
+        least ``gpus`` GPUs (the pods a scale-down deletes; fewer when the job holds fewer)."""
+        bound = sorted(
+            (p for p in self._job_pods() if p.node), key=lambda p: (p.created, p.seq), reverse=True
+        )
+        chosen: list[SimPod] = []
+        count = 0
+        for pod in bound:
+            if count >= gpus:
+                break
+            chosen.append(pod)
+            count += pod.gpus
+        return bound, chosen
+
     def _job_pods(self) -> list[SimPod]:
         return [p for p in self.pods.values() if p.high]
 
@@ -986,17 +1001,7 @@ class Simulation:
 
     async def _scale_down(self, t: float) -> None:
         self.observe()  # the audit sees the job's GPUs before it gives half of them up
-        to_release = tide.released_count(self.s.job_gpus)
-        bound = sorted(
-            (p for p in self._job_pods() if p.node), key=lambda p: (p.created, p.seq), reverse=True
-        )
-        chosen: list[SimPod] = []
-        count = 0
-        for pod in bound:
-            if count >= to_release:
-                break
-            chosen.append(pod)
-            count += pod.gpus
+        bound, chosen = self._newest_holding(tide.released_count(self.s.job_gpus))
         devices = [d for p in chosen for d in p.devices]
         # what the job keeps: what it holds less what it releases (not its peak less that: a
         # GPU still owed to it by an open Reclaim is not one it holds, and it stays owed)
@@ -1084,18 +1089,9 @@ class Simulation:
 
     async def _lend_for_policy(self, name: str, count: int, t: float) -> None:
         self.observe()
-        bound = sorted(
-            (p for p in self._job_pods() if p.node), key=lambda p: (p.created, p.seq), reverse=True
-        )
-        held = sum(p.gpus for p in bound)
+        held = sum(p.gpus for p in self._job_pods() if p.node)
         count = min(count, held)
-        chosen: list[SimPod] = []
-        released = 0
-        for pod in bound:
-            if released >= count:
-                break
-            chosen.append(pod)
-            released += pod.gpus
+        _bound, chosen = self._newest_holding(count)
         self.job_target = held - count
         self.size = tide.Scale.FULL if self.job_target >= self.s.job_gpus else tide.Scale.HALF
         self._interrupt(t, reason=f"lend {count} GPUs ({name})")
